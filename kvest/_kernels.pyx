@@ -1,0 +1,628 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# cython: initializedcheck=False
+# Free-threading: the module keeps no mutable state but the CPU variant, an int
+# chosen at import (set_cpu_variant is a test hook); every call works on its own
+# locals and only reads its input buffers, so no lock is needed.
+# cython: freethreading_compatible=True
+"""Compiled kernels: the same names, signatures and exceptions as kvest.reference.
+
+Each array function takes one of two paths.  The fast path hands raw pointers
+to the vectorized C loops (src/loops.c, runtime CPU dispatch) with the GIL
+released; it is exact inside the "fast range" (page size, reserve and every
+length read below 2^29), which the loops verify as they go.  Anything outside
+it -- a negative length, an enormous value -- takes the checked path: scalar
+loops that test every intermediate against int64 and raise as the reference
+does.
+"""
+
+cimport numpy as cnp
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from libc.stdint cimport INT32_MAX, INT64_MAX, int32_t, int64_t, uint64_t
+
+import os
+
+import numpy as np
+
+from kvest._inputs import (
+    as_count,
+    as_indices,
+    as_lengths,
+    as_out,
+    check_same_length,
+    first_negative,
+    result_int64,
+)
+from kvest._types import AllocPlan
+from kvest.reference import _req_length
+
+__all__ = [
+    "alloc_len_per_decode",
+    "alloc_reserve_per_decode",
+    "decode_alloc_plan",
+    "decode_new_tokens",
+    "decode_new_tokens_from_reqs",
+    "num_new_pages",
+    "spec_v1_new_tokens",
+    "spec_v2_new_tokens",
+    "spec_v2_new_tokens_from_reqs",
+]
+
+cnp.import_array()
+
+
+cdef extern from "loops.h" nogil:
+    ctypedef struct kv_divisor:
+        uint64_t p
+        int pow2
+    uint64_t KV_FAST_LIMIT
+    int64_t KV_FAST_MAX_ROWS
+    int KV_NUM_VARIANTS
+    void kv_divisor_init(kv_divisor *d, uint64_t p)
+    uint64_t kv_spec_v2_pages(const void *c, const void *a, int itemsize, int64_t n,
+                              const kv_divisor *d, uint64_t reserve,
+                              const int64_t *idx, int64_t m, uint64_t *bits)
+    uint64_t kv_mod_count(const void *c, int itemsize, int64_t n, const kv_divisor *d,
+                          uint64_t want, const int64_t *idx, int64_t m, uint64_t *bits)
+    uint64_t kv_extend_pages(const void *s, const void *pre, int itemsize, int64_t n,
+                             const kv_divisor *d, uint64_t *bits)
+    const char *kv_variant_name(int variant)
+    int kv_variant_supported(int variant)
+    int kv_best_variant()
+    int kv_select_variant(int variant)
+    int kv_current_variant()
+
+
+ctypedef fused length_t:
+    int32_t
+    int64_t
+
+ctypedef fused out_t:
+    int32_t
+    int64_t
+
+
+# ---------------------------------------------------------------- CPU variants
+
+def cpu_variants():
+    """Names of the loop variants this build holds that this CPU can run."""
+    return [kv_variant_name(v).decode() for v in range(KV_NUM_VARIANTS)
+            if kv_variant_supported(v)]
+
+
+def cpu_variant():
+    """Name of the loop variant in use."""
+    return kv_variant_name(kv_current_variant()).decode()
+
+
+def set_cpu_variant(name):
+    """Run the loops compiled for ``name`` (``baseline``, ``avx2``, ``avx512``).
+
+    Raises ``ValueError`` if the name is unknown or the CPU cannot run it.
+    Meant for tests and benchmarks: set it before calls start, not during.
+    """
+    for v in range(KV_NUM_VARIANTS):
+        if kv_variant_name(v).decode() == name:
+            if kv_select_variant(v) != 0:
+                raise ValueError(f"this CPU cannot run the {name!r} kernels; "
+                                 f"it supports {cpu_variants()}")
+            return
+    raise ValueError(f"unknown CPU variant {name!r}; choose from "
+                     f"{[kv_variant_name(v).decode() for v in range(KV_NUM_VARIANTS)]}")
+
+
+kv_select_variant(kv_best_variant())
+if os.environ.get("KVEST_CPU"):
+    set_cpu_variant(os.environ["KVEST_CPU"])
+
+
+# ------------------------------------------------------------ argument parsing
+
+cdef inline int64_t _count(object value, str name, int64_t minimum) except -1:
+    """A scalar argument as int64 >= minimum (exact ints fast, the rest via as_count)."""
+    cdef int overflow = 0
+    cdef long long v
+    if type(value) is int:
+        v = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if overflow == 0 and v >= minimum:
+            return v
+    return as_count(value, name, minimum)
+
+
+cdef inline cnp.ndarray _lengths(object obj, str name):
+    """obj as a contiguous native int32/int64 array; such arrays pass as they are."""
+    if (cnp.PyArray_Check(obj) and cnp.PyArray_NDIM(<cnp.ndarray>obj) == 1
+            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>obj)
+            and cnp.PyArray_ISSIGNED(<cnp.ndarray>obj)
+            and cnp.PyArray_ITEMSIZE(<cnp.ndarray>obj) >= 4):
+        return <cnp.ndarray>obj
+    return <cnp.ndarray>as_lengths(obj, name)
+
+
+cdef inline const void *_data(cnp.ndarray arr) noexcept:
+    return <const void *>cnp.PyArray_DATA(arr)
+
+
+cdef inline int64_t _len(cnp.ndarray arr) noexcept:
+    return cnp.PyArray_DIMS(arr)[0]
+
+
+cdef inline int _width(cnp.ndarray arr) noexcept:
+    return <int>cnp.PyArray_ITEMSIZE(arr)
+
+
+cdef inline bint _fast_range(int64_t n, int64_t p, int64_t reserve) noexcept:
+    return n < KV_FAST_MAX_ROWS and <uint64_t>p < KV_FAST_LIMIT and <uint64_t>reserve < KV_FAST_LIMIT
+
+
+cdef inline object _times_page(uint64_t count, int64_t p, str what):
+    if count > <uint64_t>(INT64_MAX // p):
+        return result_int64(<object>count * p, what)
+    return <int64_t>(count * <uint64_t>p)
+
+
+cdef inline void _negatives(cnp.ndarray arr, str name, object rows=None) except *:
+    first_negative(arr, name, rows)
+
+
+cdef inline int64_t _row(const int64_t *idx, int64_t j, int64_t n) noexcept nogil:
+    if idx == NULL:
+        return j
+    return idx[j] + n if idx[j] < 0 else idx[j]
+
+
+cdef inline int64_t _ceil_div(int64_t x, int64_t p) noexcept nogil:
+    # x >= 0, p >= 1
+    return x // p + (x % p != 0)
+
+
+cdef inline int64_t _mod(int64_t x, int64_t p) noexcept nogil:
+    return x % p
+
+
+cdef inline int64_t _fits_add(int64_t x, int64_t y, str what) except? -1:
+    # x, y >= 0
+    if x > INT64_MAX - y:
+        raise OverflowError(f"{what} = {<object>x + y} does not fit in int64")
+    return x + y
+
+
+cdef inline int64_t _fits_mul(int64_t x, int64_t y, str what) except? -1:
+    # x, y >= 0
+    if y != 0 and x > INT64_MAX // y:
+        raise OverflowError(f"{what} = {<object>x * y} does not fit in int64")
+    return x * y
+
+
+cdef inline int64_t _ceil_align(int64_t x, int64_t p, str what) except? -1:
+    return _fits_mul(_ceil_div(x, p), p, what)
+
+
+# ------------------------------------------------------ checked (scalar) loops
+# Taken when the fast range does not hold.  Each returns 0, or the 1-based
+# position (among the rows visited) where an int64 value would overflow.
+
+cdef int64_t _spec_v2_checked(const length_t *c, const length_t *a, int64_t n,
+                              const int64_t *idx, int64_t m, int64_t p, int64_t r,
+                              int64_t *result) noexcept nogil:
+    cdef int64_t j, i, ci, ai, need, tokens, total = 0
+    for j in range(m):
+        i = _row(idx, j, n)
+        ci = c[i]
+        ai = a[i]
+        if ci > INT64_MAX - r:
+            return j + 1
+        need = _ceil_div(ci + r if ci + r > ai else ai, p)
+        if need > INT64_MAX // p:
+            return j + 1
+        tokens = (need - _ceil_div(ai, p)) * p
+        if total > INT64_MAX - tokens:
+            return j + 1
+        total += tokens
+    result[0] = total
+    return 0
+
+
+cdef uint64_t _mod_count_checked(const length_t *c, int64_t n, const int64_t *idx,
+                                 int64_t m, int64_t p, int64_t want) noexcept nogil:
+    cdef int64_t j
+    cdef uint64_t count = 0
+    for j in range(m):
+        count += _mod(c[_row(idx, j, n)], p) == want
+    return count
+
+
+cdef int _extend_checked(const length_t *s, const length_t *pre, int64_t n, int64_t p,
+                         int64_t *result) noexcept nogil:
+    # A two-word (128-bit) accumulator: the terms can be negative, so a running
+    # int64 sum could overflow on the way to a result that fits.
+    cdef int64_t i, term, hi = 0
+    cdef uint64_t lo = 0, old
+    for i in range(n):
+        term = _ceil_div(s[i], p) - _ceil_div(pre[i], p)
+        old = lo
+        lo += <uint64_t>term
+        hi += (lo < old) - (term < 0)
+    if (hi == 0 and lo <= <uint64_t>INT64_MAX) or (hi == -1 and lo > <uint64_t>INT64_MAX):
+        result[0] = <int64_t>lo
+        return 0
+    return 1
+
+
+# ------------------------------------------------------------------- estimators
+
+def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
+    """KV slots the next spec-v2 (overlap) decode step allocates.
+
+    ``sum(ceil_align(max(A[i], C[i] + R), p) - ceil_align(A[i], p))`` over the
+    selected rows ``i``, with ``C = committed``, ``A = allocated``,
+    ``p = page_size`` and ``R = reserve``.
+    """
+    cdef int64_t p = _count(page_size, "page_size", 1)
+    cdef int64_t r = _count(reserve, "reserve", 0)
+    cdef cnp.ndarray c = _lengths(committed, "committed")
+    cdef cnp.ndarray a = _lengths(allocated, "allocated")
+    cdef int64_t n = _len(c), m = n, bad, total
+    cdef const int64_t *idx = NULL
+    cdef cnp.ndarray sel = None
+    cdef uint64_t pages, bits
+    cdef kv_divisor d
+    if _len(a) != n:
+        check_same_length(c, "committed", a, "allocated")
+    if _width(c) != _width(a):
+        c, a = c.astype(np.int64), a.astype(np.int64)
+    if indices is not None:
+        sel = as_indices(indices, n)
+        idx = <const int64_t *>_data(sel)
+        m = _len(sel)
+    cdef const void *cp = _data(c)
+    cdef const void *ap = _data(a)
+    cdef int w = _width(c)
+    if _fast_range(n, p, r):
+        kv_divisor_init(&d, p)
+        with nogil:
+            pages = kv_spec_v2_pages(cp, ap, w, n, &d, r, idx, m, &bits)
+        if bits < KV_FAST_LIMIT:
+            return _times_page(pages, p, "spec_v2_new_tokens")
+    _negatives(c, "committed", sel)
+    _negatives(a, "allocated", sel)
+    with nogil:
+        if w == 4:
+            bad = _spec_v2_checked(<const int32_t *>cp, <const int32_t *>ap, n, idx, m, p, r, &total)
+        else:
+            bad = _spec_v2_checked(<const int64_t *>cp, <const int64_t *>ap, n, idx, m, p, r, &total)
+    if bad:
+        raise OverflowError(f"spec_v2_new_tokens: at selected row {bad - 1} an intermediate "
+                            "value or the running total does not fit in int64")
+    return total
+
+
+cdef object _mod_count(object lengths, str name, int64_t p, int64_t want, object indices):
+    """Rows whose length is want modulo p (want 0: decode tokens, 1: decode pages)."""
+    cdef cnp.ndarray c = _lengths(lengths, name)
+    cdef int64_t n = _len(c), m = n
+    cdef const int64_t *idx = NULL
+    cdef cnp.ndarray sel = None
+    cdef uint64_t count, bits
+    cdef kv_divisor d
+    if indices is not None:
+        sel = as_indices(indices, n)
+        idx = <const int64_t *>_data(sel)
+        m = _len(sel)
+    cdef const void *cp = _data(c)
+    cdef int w = _width(c)
+    if _fast_range(n, p, 0):
+        kv_divisor_init(&d, p)
+        with nogil:
+            count = kv_mod_count(cp, w, n, &d, <uint64_t>want, idx, m, &bits)
+        if bits < KV_FAST_LIMIT:
+            return count
+    _negatives(c, name, sel)
+    with nogil:
+        if w == 4:
+            count = _mod_count_checked(<const int32_t *>cp, n, idx, m, p, want)
+        else:
+            count = _mod_count_checked(<const int64_t *>cp, n, idx, m, p, want)
+    return count
+
+
+def decode_new_tokens(committed, page_size, indices=None):
+    """KV slots the next plain decode step allocates.
+
+    ``p * count(C[i] mod p == 0)`` over the selected rows: a request needs a
+    fresh page exactly when its committed length sits on a page boundary.
+    """
+    cdef int64_t p = _count(page_size, "page_size", 1)
+    return _times_page(_mod_count(committed, "committed", p, 0, indices), p,
+                       "decode_new_tokens")
+
+
+def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
+    """Pages (not tokens) an extend or decode allocation takes.
+
+    Extend: ``sum(ceil_div(S[i], p) - ceil_div(P[i], p))``.  ``decode=True``:
+    ``count(S[i] mod p == 1)``, where ``S`` already includes the new token;
+    like SGLang's decode special case this is 0 when ``p == 1``.
+    """
+    cdef int64_t p = _count(page_size, "page_size", 1)
+    cdef cnp.ndarray s = _lengths(seq_lens, "seq_lens")
+    cdef cnp.ndarray pre
+    cdef int64_t n = _len(s), total
+    cdef uint64_t pages, bits
+    cdef kv_divisor d
+    if prefix_lens is None and not decode:
+        raise ValueError("num_new_pages needs prefix_lens unless decode=True")
+    if prefix_lens is not None:
+        pre = _lengths(prefix_lens, "prefix_lens")
+        if _len(pre) != n:
+            check_same_length(s, "seq_lens", pre, "prefix_lens")
+        if decode:
+            _negatives(s, "seq_lens")
+            _negatives(pre, "prefix_lens")
+    if decode:
+        return _mod_count(s, "seq_lens", p, 1, None)
+    if _width(s) != _width(pre):
+        s, pre = s.astype(np.int64), pre.astype(np.int64)
+    cdef const void *sp = _data(s)
+    cdef const void *pp = _data(pre)
+    cdef int w = _width(s)
+    if _fast_range(n, p, 0):
+        kv_divisor_init(&d, p)
+        with nogil:
+            pages = kv_extend_pages(sp, pp, w, n, &d, &bits)
+        if bits < KV_FAST_LIMIT:
+            return <int64_t>pages
+    _negatives(s, "seq_lens")
+    _negatives(pre, "prefix_lens")
+    with nogil:
+        if w == 4:
+            bad = _extend_checked(<const int32_t *>sp, <const int32_t *>pp, n, p, &total)
+        else:
+            bad = _extend_checked(<const int64_t *>sp, <const int64_t *>pp, n, p, &total)
+    if bad:
+        raise OverflowError("num_new_pages: the result does not fit in int64")
+    return total
+
+
+def spec_v1_new_tokens(num_requests, page_size, num_steps, topk, num_draft_tokens):
+    """Upper bound on KV slots a spec-v1 (EAGLE) decode step allocates.
+
+    With ``s = num_steps or 1``, ``k = topk or 1``, ``T = num_draft_tokens``:
+    ``L = ceil_align(s + p, p)`` and ``T' = ceil_align(T, p)`` when ``p > 1`` and
+    ``k > 1``; ``L = ceil_align(s, p)``, ``T' = ceil_align(T, p)`` when ``p > 1``
+    and ``k == 1``; ``L = s``, ``T' = T`` when ``p == 1``.  Returns
+    ``num_requests * max(L * k, T')``.  ``None`` counts as unset (0).
+    """
+    cdef int64_t n = _count(num_requests, "num_requests", 0)
+    cdef int64_t p = _count(page_size, "page_size", 1)
+    cdef int64_t s = _optional(num_steps, "num_steps") or 1
+    cdef int64_t k = _optional(topk, "topk") or 1
+    cdef int64_t t = _optional(num_draft_tokens, "num_draft_tokens")
+    cdef int64_t length = s
+    if p > 1:
+        if k > 1:
+            length = _fits_add(s, p, "num_steps + page_size")
+        length = _ceil_align(length, p, "L")
+        t = _ceil_align(t, p, "ceil_align(num_draft_tokens)")
+    length = _fits_mul(length, k, "L * topk")
+    return _fits_mul(n, length if length > t else t, "spec_v1_new_tokens")
+
+
+cdef inline int64_t _optional(object value, str name) except -1:
+    return 0 if value is None else _count(value, name, 0)
+
+
+def alloc_len_per_decode(num_steps, topk, num_draft_tokens, page_size, *,
+                         speculative=True, has_draft_kv=True):
+    """KV length one request may allocate in one decode step.
+
+    ``1`` without speculation; ``max(s * k, T)`` when ``p == 1``, ``k == 1`` or
+    the draft model keeps no KV (``has_draft_kv=False``); otherwise (tree
+    drafts on pages) ``max(ceil_div(p - 1 + s, p) * p * k, T)``, with ``s``,
+    ``k``, ``T`` as in :func:`spec_v1_new_tokens`.
+    """
+    cdef int64_t s = _optional(num_steps, "num_steps") or 1
+    cdef int64_t k = _optional(topk, "topk") or 1
+    cdef int64_t t = _optional(num_draft_tokens, "num_draft_tokens")
+    cdef int64_t p = _count(page_size, "page_size", 1)
+    cdef int64_t span
+    if not speculative:
+        return 1
+    if p == 1 or k == 1 or not has_draft_kv:
+        span = _fits_mul(s, k, "num_steps * topk")
+    else:
+        span = _ceil_div(_fits_add(p - 1, s, "page_size - 1 + num_steps"), p)
+        span = _fits_mul(_fits_mul(span, p, "pages * page_size"), k, "pages * page_size * topk")
+    return span if span > t else t
+
+
+def alloc_reserve_per_decode(num_steps, topk, num_draft_tokens, page_size, *,
+                             speculative=True, has_draft_kv=True):
+    """The reserve ``R``: ``2 * alloc_len_per_decode(...)``."""
+    cdef int64_t one = alloc_len_per_decode(num_steps, topk, num_draft_tokens, page_size,
+                                            speculative=speculative, has_draft_kv=has_draft_kv)
+    return _fits_mul(one, 2, "alloc_reserve_per_decode")
+
+
+# ------------------------------------------------------------ allocation plan
+
+cdef enum:
+    PLAN_OK = 0
+    PLAN_NEGATIVE = 1
+    PLAN_OVERFLOW = 2
+    PLAN_CUR_RANGE = 3
+    PLAN_NXT_RANGE = 4
+
+
+cdef int _plan(const length_t *c, const length_t *a, int64_t n, int64_t p, int64_t r,
+               bint aligned, out_t *cur, out_t *nxt, int64_t *sums, int64_t *row) noexcept nogil:
+    # Reads row i of both inputs before writing row i of the outputs, so an out
+    # buffer may alias an input.
+    cdef int64_t i, ci, ai, need, tokens = 0, pages = 0
+    cdef int64_t limit = INT32_MAX if out_t is int32_t else INT64_MAX
+    for i in range(n):
+        row[0] = i
+        ci = c[i]
+        ai = a[i]
+        if ci < 0 or ai < 0:
+            return PLAN_NEGATIVE
+        if ci > INT64_MAX - r:
+            return PLAN_OVERFLOW
+        need = ci + r
+        if aligned:
+            need = _ceil_div(need, p)
+            if need > INT64_MAX // p:
+                return PLAN_OVERFLOW
+            need *= p
+        if need < ai:
+            need = ai
+        if ai > limit:
+            return PLAN_CUR_RANGE
+        if need > limit:
+            return PLAN_NXT_RANGE
+        cur[i] = <out_t>ai
+        nxt[i] = <out_t>need
+        if tokens > INT64_MAX - (need - ai):
+            return PLAN_OVERFLOW
+        tokens += need - ai
+        pages += _ceil_div(need, p) - _ceil_div(ai, p)  # <= tokens: cannot overflow
+    sums[0] = tokens
+    sums[1] = pages
+    return PLAN_OK
+
+
+cdef int _plan_into(const length_t *c, const length_t *a, int64_t n, int64_t p, int64_t r,
+                    bint aligned, cnp.ndarray cur, cnp.ndarray nxt, int64_t *sums,
+                    int64_t *row) noexcept:
+    # cur and nxt have the same width (the caller sees to it).
+    cdef void *cp = cnp.PyArray_DATA(cur)
+    cdef void *np_ = cnp.PyArray_DATA(nxt)
+    cdef bint narrow = _width(cur) == 4
+    cdef int code
+    with nogil:
+        if narrow:
+            code = _plan(c, a, n, p, r, aligned, <int32_t *>cp, <int32_t *>np_, sums, row)
+        else:
+            code = _plan(c, a, n, p, r, aligned, <int64_t *>cp, <int64_t *>np_, sums, row)
+    return code
+
+
+def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=True,
+                      out=None):
+    """The spec-v2 decode allocation itself, in one pass.
+
+    Per request ``cur = A[i]`` and ``nxt = max(A[i], ceil_align(C[i] + R, p))``
+    (``page_aligned``) or ``nxt = max(A[i], C[i] + R)``; returns both arrays,
+    ``num_tokens = sum(nxt - cur)`` and
+    ``num_pages = sum(ceil_div(nxt, p) - ceil_div(cur, p))``.  ``out=(cur, nxt)``
+    fills preallocated int32 or int64 arrays instead (their contents are
+    unspecified if the call raises).  ``num_pages * p`` always equals
+    :func:`spec_v2_new_tokens` on the same inputs.
+    """
+    cdef int64_t p = _count(page_size, "page_size", 1)
+    cdef int64_t r = _count(reserve, "reserve", 0)
+    cdef cnp.ndarray c = _lengths(committed, "committed")
+    cdef cnp.ndarray a = _lengths(allocated, "allocated")
+    cdef int64_t n = _len(c), row = 0
+    cdef int64_t sums[2]
+    cdef int code
+    if _len(a) != n:
+        check_same_length(c, "committed", a, "allocated")
+    cur_out, nxt_out = as_out(out, n)
+    if _width(cur_out) != _width(nxt_out):
+        # Mixed output widths are rare: fill an int64 plan and copy it over.
+        plan = decode_alloc_plan(c, a, p, r, page_aligned=page_aligned)
+        cur_out[...] = _checked_cast(plan.cur, cur_out, "out[0]")
+        nxt_out[...] = _checked_cast(plan.nxt, nxt_out, "out[1]")
+        return AllocPlan(cur_out, nxt_out, plan.num_tokens, plan.num_pages)
+    if _width(c) != _width(a):
+        c, a = c.astype(np.int64), a.astype(np.int64)
+    cdef cnp.ndarray cur_buf = cur_out
+    cdef cnp.ndarray nxt_buf = nxt_out
+    cdef bint aligned = bool(page_aligned)
+    if _width(c) == 4:
+        code = _plan_into(<const int32_t *>_data(c), <const int32_t *>_data(a), n, p, r,
+                          aligned, cur_buf, nxt_buf, sums, &row)
+    else:
+        code = _plan_into(<const int64_t *>_data(c), <const int64_t *>_data(a), n, p, r,
+                          aligned, cur_buf, nxt_buf, sums, &row)
+    if code != PLAN_OK:
+        # A negative length anywhere is reported first, as the reference does.
+        _negatives(c, "committed")
+        _negatives(a, "allocated")
+        if code == PLAN_CUR_RANGE:
+            raise OverflowError(f"out[0][{row}] = {int(a[row])} does not fit its dtype")
+        if code == PLAN_NXT_RANGE:
+            raise OverflowError(f"out[1][{row}] does not fit its dtype")
+        raise OverflowError(f"decode_alloc_plan: at row {row} an intermediate value or a "
+                            "total does not fit in int64")
+    return AllocPlan(cur_out, nxt_out, sums[0], sums[1])
+
+
+def _checked_cast(values, buf, name):
+    info = np.iinfo(buf.dtype)
+    over = np.flatnonzero(values > info.max)
+    if over.size:
+        raise OverflowError(f"{name}[{int(over[0])}] = {int(values[over[0]])} does not fit its dtype")
+    return values
+
+
+# ------------------------------------------------------------ request objects
+
+cdef object _MISSING = object()
+
+
+cdef inline int64_t _req_len(object req, bint allocated, Py_ssize_t pos) except? -1:
+    """req.kv_committed_len / kv_allocated_len, flat or under req.kv.
+
+    Exact ints in range take the fast path; anything else (NumPy integers,
+    wrong types, negative or huge values, missing attributes) is re-read by the
+    reference's reader, which converts it or raises its exception.
+    """
+    cdef int overflow = 0
+    cdef long long x
+    # getattr with a default takes CPython's no-exception lookup: a missing
+    # flat attribute costs a dict probe, not a raised AttributeError.
+    if allocated:
+        v = getattr(req, "kv_allocated_len", _MISSING)
+        if v is _MISSING:
+            v = getattr(getattr(req, "kv", None), "kv_allocated_len", _MISSING)
+    else:
+        v = getattr(req, "kv_committed_len", _MISSING)
+        if v is _MISSING:
+            v = getattr(getattr(req, "kv", None), "kv_committed_len", _MISSING)
+    if type(v) is int:
+        x = PyLong_AsLongLongAndOverflow(v, &overflow)
+        if overflow == 0 and x >= 0:
+            return x
+    return _req_length(req, pos, "kv_allocated_len" if allocated else "kv_committed_len")
+
+
+def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve):
+    """:func:`spec_v2_new_tokens` read straight from request objects.
+
+    Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
+    flat on the request or nested under ``req.kv``.
+    """
+    cdef int64_t p = _count(page_size, "page_size", 1)
+    cdef int64_t r = _count(reserve, "reserve", 0)
+    cdef int64_t c, a, need, total = 0
+    cdef Py_ssize_t pos = 0
+    for req in reqs:
+        c = _req_len(req, False, pos)
+        a = _req_len(req, True, pos)
+        need = _fits_add(c, r, f"reqs[{pos}]: committed + reserve")
+        need = _ceil_align(need if need > a else a, p, f"reqs[{pos}]: ceil_align")
+        total = _fits_add(total, need - _ceil_div(a, p) * p, "spec_v2_new_tokens_from_reqs")
+        pos += 1
+    return total
+
+
+def decode_new_tokens_from_reqs(reqs, page_size):
+    """:func:`decode_new_tokens` read straight from request objects."""
+    cdef int64_t p = _count(page_size, "page_size", 1)
+    cdef uint64_t pages = 0
+    cdef Py_ssize_t pos = 0
+    for req in reqs:
+        pages += _req_len(req, False, pos) % p == 0
+        pos += 1
+    return _times_page(pages, p, "decode_new_tokens_from_reqs")

@@ -1,0 +1,298 @@
+"""The pure-Python twin of every kvest function: the oracle.
+
+Each function here has the same name, signature and exceptions as its compiled
+counterpart in ``kvest._kernels`` and is written as the plain per-request loop a
+scheduler would write, over Python ints (arbitrary precision), so that it is
+obviously correct.  ``import kvest`` serves these functions when the compiled
+module is missing or ``KVEST_PURE_PYTHON=1`` is set, and the test suite checks
+the kernels against them.
+
+Integers are exact, but results follow int64 semantics: where a value named in
+a formula (an input, an intermediate such as ``C[i] + R`` or
+``ceil_align(x, p)``, or the result) falls outside int64, the function raises
+``OverflowError`` instead of returning a number no int64 scheduler could hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from kvest._inputs import (
+    INT64_MAX,
+    as_count,
+    as_indices,
+    as_lengths,
+    as_out,
+    check_same_length,
+    first_negative,
+    result_int64,
+)
+from kvest._types import AllocPlan
+
+__all__ = [
+    "alloc_len_per_decode",
+    "alloc_reserve_per_decode",
+    "decode_alloc_plan",
+    "decode_new_tokens",
+    "decode_new_tokens_from_reqs",
+    "num_new_pages",
+    "spec_v1_new_tokens",
+    "spec_v2_new_tokens",
+    "spec_v2_new_tokens_from_reqs",
+]
+
+
+def ceil_div(x: int, p: int) -> int:
+    """``ceil(x / p)`` for ``x >= 0``, ``p >= 1``."""
+    return -(-x // p)
+
+
+def ceil_align(x: int, p: int) -> int:
+    """``ceil(x / p) * p``: ``x`` rounded up to a whole number of pages."""
+    return ceil_div(x, p) * p
+
+
+def _fits(value: int, what: str) -> int:
+    if value > INT64_MAX:
+        raise OverflowError(f"{what} = {value} does not fit in int64")
+    return value
+
+
+def _rows(n: int, indices: Any) -> list[int]:
+    """The selected rows, in order, with Python list semantics."""
+    if indices is None:
+        return list(range(n))
+    return [i % n for i in as_indices(indices, n).tolist()]
+
+
+def _lengths(obj: Any, name: str) -> list[int]:
+    return as_lengths(obj, name).tolist()
+
+
+def _nonnegative(*named: tuple[Any, str], rows: list[int] | None = None) -> None:
+    for values, name in named:
+        first_negative(values, name, rows)
+
+
+def spec_v2_new_tokens(
+    committed: Any, allocated: Any, page_size: int, reserve: int, indices: Any = None
+) -> int:
+    """KV slots the next spec-v2 (overlap) decode step allocates.
+
+    ``sum(ceil_align(max(A[i], C[i] + R), p) - ceil_align(A[i], p))`` over the
+    selected rows ``i``, with ``C = committed``, ``A = allocated``,
+    ``p = page_size`` and ``R = reserve``.
+    """
+    p = as_count(page_size, "page_size", 1)
+    r = as_count(reserve, "reserve", 0)
+    c = _lengths(committed, "committed")
+    a = _lengths(allocated, "allocated")
+    check_same_length(np.asarray(c), "committed", np.asarray(a), "allocated")
+    rows = _rows(len(c), indices)
+    _nonnegative((c, "committed"), (a, "allocated"), rows=rows)
+    total = 0
+    for i in rows:
+        nxt = max(a[i], _fits(c[i] + r, f"committed[{i}] + reserve"))
+        total += _fits(ceil_align(nxt, p), f"row {i}: ceil_align") - ceil_align(a[i], p)
+    return result_int64(total, "spec_v2_new_tokens")
+
+
+def decode_new_tokens(committed: Any, page_size: int, indices: Any = None) -> int:
+    """KV slots the next plain decode step allocates.
+
+    ``p * count(C[i] mod p == 0)`` over the selected rows: a request needs a
+    fresh page exactly when its committed length sits on a page boundary.
+    """
+    p = as_count(page_size, "page_size", 1)
+    c = _lengths(committed, "committed")
+    rows = _rows(len(c), indices)
+    _nonnegative((c, "committed"), rows=rows)
+    pages = 0
+    for i in rows:
+        if c[i] % p == 0:
+            pages += 1
+    return result_int64(pages * p, "decode_new_tokens")
+
+
+def spec_v1_new_tokens(
+    num_requests: int, page_size: int, num_steps: int | None, topk: int | None,
+    num_draft_tokens: int | None,
+) -> int:
+    """Upper bound on KV slots a spec-v1 (EAGLE) decode step allocates.
+
+    With ``s = num_steps or 1``, ``k = topk or 1``, ``T = num_draft_tokens``:
+    ``L = ceil_align(s + p, p)`` and ``T' = ceil_align(T, p)`` when ``p > 1`` and
+    ``k > 1``; ``L = ceil_align(s, p)``, ``T' = ceil_align(T, p)`` when ``p > 1``
+    and ``k == 1``; ``L = s``, ``T' = T`` when ``p == 1``.  Returns
+    ``num_requests * max(L * k, T')``.  ``None`` counts as unset (0).
+    """
+    n = as_count(num_requests, "num_requests")
+    p = as_count(page_size, "page_size", 1)
+    s = as_count(num_steps, "num_steps", optional=True) or 1
+    k = as_count(topk, "topk", optional=True) or 1
+    t = as_count(num_draft_tokens, "num_draft_tokens", optional=True)
+    if p > 1 and k > 1:
+        length = _fits(ceil_align(_fits(s + p, "num_steps + page_size"), p), "L")
+        t = _fits(ceil_align(t, p), "ceil_align(num_draft_tokens)")
+    elif p > 1:
+        length = _fits(ceil_align(s, p), "L")
+        t = _fits(ceil_align(t, p), "ceil_align(num_draft_tokens)")
+    else:
+        length = s
+    per_request = max(_fits(length * k, "L * topk"), t)
+    return result_int64(n * per_request, "spec_v1_new_tokens")
+
+
+def num_new_pages(
+    seq_lens: Any, page_size: int, prefix_lens: Any = None, decode: bool = False
+) -> int:
+    """Pages (not tokens) an extend or decode allocation takes.
+
+    Extend: ``sum(ceil_div(S[i], p) - ceil_div(P[i], p))``.  ``decode=True``:
+    ``count(S[i] mod p == 1)``, where ``S`` already includes the new token;
+    like SGLang's decode special case this is 0 when ``p == 1``.
+    """
+    p = as_count(page_size, "page_size", 1)
+    s = _lengths(seq_lens, "seq_lens")
+    if prefix_lens is None and not decode:
+        raise ValueError("num_new_pages needs prefix_lens unless decode=True")
+    pre = None
+    if prefix_lens is not None:
+        pre = _lengths(prefix_lens, "prefix_lens")
+        check_same_length(np.asarray(s), "seq_lens", np.asarray(pre), "prefix_lens")
+    _nonnegative((s, "seq_lens"), *([(pre, "prefix_lens")] if pre is not None else []))
+    pages = 0
+    for i in range(len(s)):
+        if decode:
+            if s[i] % p == 1:
+                pages += 1
+        else:
+            assert pre is not None
+            pages += ceil_div(s[i], p) - ceil_div(pre[i], p)
+    return result_int64(pages, "num_new_pages")
+
+
+def alloc_len_per_decode(
+    num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
+    page_size: int, *, speculative: bool = True, has_draft_kv: bool = True,
+) -> int:
+    """KV length one request may allocate in one decode step.
+
+    ``1`` without speculation; ``max(s * k, T)`` when ``p == 1``, ``k == 1`` or
+    the draft model keeps no KV (``has_draft_kv=False``); otherwise (tree
+    drafts on pages) ``max(ceil_div(p - 1 + s, p) * p * k, T)``, with ``s``,
+    ``k``, ``T`` as in :func:`spec_v1_new_tokens`.
+    """
+    s = as_count(num_steps, "num_steps", optional=True) or 1
+    k = as_count(topk, "topk", optional=True) or 1
+    t = as_count(num_draft_tokens, "num_draft_tokens", optional=True)
+    p = as_count(page_size, "page_size", 1)
+    if not speculative:
+        return 1
+    if p == 1 or k == 1 or not has_draft_kv:
+        return max(_fits(s * k, "num_steps * topk"), t)
+    pages = ceil_div(_fits(p - 1 + s, "page_size - 1 + num_steps"), p)
+    span = _fits(_fits(pages * p, "pages * page_size") * k, "pages * page_size * topk")
+    return max(span, t)
+
+
+def alloc_reserve_per_decode(
+    num_steps: int | None, topk: int | None, num_draft_tokens: int | None,
+    page_size: int, *, speculative: bool = True, has_draft_kv: bool = True,
+) -> int:
+    """The reserve ``R``: ``2 * alloc_len_per_decode(...)``."""
+    one = alloc_len_per_decode(
+        num_steps, topk, num_draft_tokens, page_size,
+        speculative=speculative, has_draft_kv=has_draft_kv,
+    )
+    return result_int64(2 * one, "alloc_reserve_per_decode")
+
+
+def decode_alloc_plan(
+    committed: Any, allocated: Any, page_size: int, reserve: int, *,
+    page_aligned: bool = True, out: tuple[np.ndarray, np.ndarray] | None = None,
+) -> AllocPlan:
+    """The spec-v2 decode allocation itself, in one pass.
+
+    Per request ``cur = A[i]`` and ``nxt = max(A[i], ceil_align(C[i] + R, p))``
+    (``page_aligned``) or ``nxt = max(A[i], C[i] + R)``; returns both arrays,
+    ``num_tokens = sum(nxt - cur)`` and
+    ``num_pages = sum(ceil_div(nxt, p) - ceil_div(cur, p))``.  ``out=(cur, nxt)``
+    fills preallocated int32 or int64 arrays instead (their contents are
+    unspecified if the call raises).  ``num_pages * p`` always equals
+    :func:`spec_v2_new_tokens` on the same inputs.
+    """
+    p = as_count(page_size, "page_size", 1)
+    r = as_count(reserve, "reserve", 0)
+    c = _lengths(committed, "committed")
+    a = _lengths(allocated, "allocated")
+    check_same_length(np.asarray(c), "committed", np.asarray(a), "allocated")
+    cur_out, nxt_out = as_out(out, len(c))
+    _nonnegative((c, "committed"), (a, "allocated"))
+    limits = [np.iinfo(buf.dtype).max for buf in (cur_out, nxt_out)]
+    tokens = pages = 0
+    for i in range(len(c)):
+        need = _fits(c[i] + r, f"committed[{i}] + reserve")
+        if page_aligned:
+            need = _fits(ceil_align(need, p), f"row {i}: ceil_align")
+        cur, nxt = a[i], max(a[i], need)
+        for value, limit, name in ((cur, limits[0], "out[0]"), (nxt, limits[1], "out[1]")):
+            if value > limit:
+                raise OverflowError(f"{name}[{i}] = {value} does not fit its dtype")
+        cur_out[i], nxt_out[i] = cur, nxt
+        tokens += nxt - cur
+        pages += ceil_div(nxt, p) - ceil_div(cur, p)
+    return AllocPlan(
+        cur_out, nxt_out,
+        result_int64(tokens, "num_tokens"), result_int64(pages, "num_pages"),
+    )
+
+
+def _req_length(req: Any, pos: int, attr: str) -> int:
+    """``req.<attr>`` (flat layout) or ``req.kv.<attr>`` (nested layout)."""
+    try:
+        value = getattr(req, attr)
+    except AttributeError:
+        try:
+            value = getattr(req.kv, attr)
+        except AttributeError:
+            raise AttributeError(f"reqs[{pos}] has neither .{attr} nor .kv.{attr}") from None
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"reqs[{pos}].{attr} must be an integer, not bool")
+    try:
+        value = value.__index__()
+    except (AttributeError, TypeError):
+        raise TypeError(f"reqs[{pos}].{attr} must be an integer, not {type(value).__name__}") from None
+    if value < 0:
+        raise ValueError(f"reqs[{pos}].{attr} = {value} is negative; lengths must be >= 0")
+    return _fits(value, f"reqs[{pos}].{attr}")
+
+
+def spec_v2_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int, reserve: int) -> int:
+    """:func:`spec_v2_new_tokens` read straight from request objects.
+
+    Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
+    flat on the request or nested under ``req.kv``.
+    """
+    p = as_count(page_size, "page_size", 1)
+    r = as_count(reserve, "reserve", 0)
+    total = 0
+    for pos, req in enumerate(reqs):
+        c = _req_length(req, pos, "kv_committed_len")
+        a = _req_length(req, pos, "kv_allocated_len")
+        nxt = max(a, _fits(c + r, f"reqs[{pos}]: committed + reserve"))
+        total += _fits(ceil_align(nxt, p), f"reqs[{pos}]: ceil_align") - ceil_align(a, p)
+        _fits(total, "spec_v2_new_tokens_from_reqs")
+    return total
+
+
+def decode_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int) -> int:
+    """:func:`decode_new_tokens` read straight from request objects."""
+    p = as_count(page_size, "page_size", 1)
+    pages = 0
+    for pos, req in enumerate(reqs):
+        if _req_length(req, pos, "kv_committed_len") % p == 0:
+            pages += 1
+    return result_int64(pages * p, "decode_new_tokens_from_reqs")

@@ -1,0 +1,33 @@
+"""Build the compiled kernels: the Cython module plus the C loops it dispatches to."""
+
+import os
+import sys
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+# GCC and Clang: -O3 so the loops vectorize whatever the interpreter's own
+# CFLAGS say.  No -march: the wheel must run on any x86-64; AVX2 and AVX-512
+# variants are compiled per function (src/loops.c) and picked at run time.
+# KVEST_CFLAGS adds flags for special builds (sanitizers, see tools/).
+compile_args = [] if sys.platform == "win32" else ["-O3", "-std=c11"]
+compile_args += os.environ.get("KVEST_CFLAGS", "").split()
+link_args = os.environ.get("KVEST_LDFLAGS", "").split()
+
+kernels = Extension(
+    "kvest._kernels",
+    sources=["kvest/_kernels.pyx", "kvest/_src/loops.c"],
+    include_dirs=[np.get_include(), "kvest/_src"],
+    depends=["kvest/_src/loops.h", "kvest/_src/loops_body.h", "kvest/_src/loops_variant.h"],
+    define_macros=[
+        # The oldest NumPy C API the module may use, and the runtime floor it
+        # supports: keep in step with `dependencies` in pyproject.toml.
+        ("NPY_NO_DEPRECATED_API", "NPY_1_25_API_VERSION"),
+        ("NPY_TARGET_VERSION", "NPY_1_25_API_VERSION"),
+    ],
+    extra_compile_args=compile_args,
+    extra_link_args=link_args,
+)
+
+setup(ext_modules=cythonize([kernels], compiler_directives={"language_level": 3}))
