@@ -1,0 +1,106 @@
+"""``python -m kvest``: the estimators on a realistic decode batch, kernel beside reference.
+
+``python -m kvest bench`` runs the benchmark comparison (see ``kvest._bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import kvest
+from kvest import reference
+
+
+def _best_of(fn: Callable[[], Any], repeat: int) -> tuple[Any, float]:
+    """The result of fn() and its fastest time in seconds over `repeat` calls."""
+    best = float("inf")
+    result = None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return result, best
+
+
+def _fmt(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:7.2f} {unit}"
+    return f"{seconds / 1e-9:7.0f} ns"
+
+
+def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: int) -> int:
+    steps, topk, draft = config
+    reserve = kvest.alloc_reserve_per_decode(steps, topk, draft, page_size)
+    rng = np.random.default_rng(seed)
+    committed = rng.integers(1, 32_768, num_requests)
+    # Allocation runs ahead of the committed length by up to one reserve.
+    allocated = committed + rng.integers(0, reserve + 1, num_requests)
+    selected = rng.choice(num_requests, num_requests // 2, replace=False)
+    print(f"kvest {kvest.__version__} ({kvest.IMPLEMENTATION}"
+          + (f", {kvest._kernels.cpu_variant()} loops" if kvest.IMPLEMENTATION == "cython" else "")
+          + ")")
+    print(f"decode batch: {num_requests} requests, page size {page_size}, "
+          f"spec config (steps, topk, draft) = {config}, reserve R = {reserve}\n")
+    cases = [
+        ("spec_v2_new_tokens", (committed, allocated, page_size, reserve), {}),
+        ("spec_v2_new_tokens[half]", (committed, allocated, page_size, reserve),
+         {"indices": selected}),
+        ("decode_new_tokens", (committed, page_size), {}),
+        ("spec_v1_new_tokens", (num_requests, page_size, steps, topk, draft), {}),
+        ("num_new_pages[extend]", (committed + 1, page_size, committed), {}),
+        ("num_new_pages[decode]", (committed + 1, page_size), {"decode": True}),
+        ("alloc_len_per_decode", (steps, topk, draft, page_size), {}),
+        ("decode_alloc_plan", (committed, allocated, page_size, reserve), {}),
+    ]
+    header = f"{'estimator':26} {'kvest':>12} {'reference':>12}  agree {'kvest':>10} {'reference':>10}"
+    print(header)
+    print("-" * len(header))
+    failures = 0
+    for label, args, kwargs in cases:
+        name = label.split("[")[0]
+        fast, t_fast = _best_of(lambda n=name: getattr(kvest, n)(*args, **kwargs), 50)
+        slow, t_slow = _best_of(lambda n=name: getattr(reference, n)(*args, **kwargs), 3)
+        if isinstance(fast, kvest.AllocPlan):
+            agree = (np.array_equal(fast.nxt, slow.nxt)
+                     and (fast.num_tokens, fast.num_pages) == (slow.num_tokens, slow.num_pages))
+            fast, slow = fast.num_pages, slow.num_pages
+            label += " pages"
+        else:
+            agree = fast == slow
+        failures += not agree
+        print(f"{label:26} {fast:>12} {slow:>12}  {'yes' if agree else 'NO':>5} "
+              f"{_fmt(t_fast):>10} {_fmt(t_slow):>10}")
+    print("\ntimes: fastest of 50 (kvest) and 3 (reference) calls on this machine; "
+          "`python -m kvest bench` compares properly.")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvest", description=__doc__)
+    sub = parser.add_subparsers(dest="command")
+    parser.add_argument("--requests", type=int, default=1024)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--config", type=int, nargs=3, default=(3, 2, 6),
+                        metavar=("STEPS", "TOPK", "DRAFT"))
+    parser.add_argument("--seed", type=int, default=0)
+    bench = sub.add_parser("bench", help="benchmark kvest against the alternatives")
+    bench.add_argument("--quick", action="store_true", help="a run under 30 seconds")
+    bench.add_argument("--plot", metavar="FILE.png", help="draw time per request (matplotlib)")
+    bench.add_argument("--markdown", metavar="FILE.md", help="also write the table as Markdown")
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        from kvest._bench import run
+
+        return run(quick=args.quick, plot=args.plot, markdown=args.markdown)
+    return demo(args.requests, args.page_size, tuple(args.config), args.seed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+# Type stubs for the compiled module; kvest.reference has the same signatures.
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvest._types import AllocPlan
+
+Lengths = npt.ArrayLike | Sequence[int] | Any  # Any: objects with __array__ / __dlpack__
+
+__all__: list[str]
+
+def cpu_variants() -> list[str]: ...
+def cpu_variant() -> str: ...
+def set_cpu_variant(name: str) -> None: ...
+def spec_v2_new_tokens(
+    committed: Lengths, allocated: Lengths, page_size: int, reserve: int,
+    indices: Lengths | None = None,
+) -> int: ...
+def decode_new_tokens(committed: Lengths, page_size: int, indices: Lengths | None = None) -> int: ...
+def num_new_pages(
+    seq_lens: Lengths, page_size: int, prefix_lens: Lengths | None = None, decode: bool = False
+) -> int: ...
+def spec_v1_new_tokens(
+    num_requests: int, page_size: int, num_steps: int | None, topk: int | None,
+    num_draft_tokens: int | None,
+) -> int: ...
+def alloc_len_per_decode(
+    num_steps: int | None, topk: int | None, num_draft_tokens: int | None, page_size: int, *,
+    speculative: bool = True, has_draft_kv: bool = True,
+) -> int: ...
+def alloc_reserve_per_decode(
+    num_steps: int | None, topk: int | None, num_draft_tokens: int | None, page_size: int, *,
+    speculative: bool = True, has_draft_kv: bool = True,
+) -> int: ...
+def decode_alloc_plan(
+    committed: Lengths, allocated: Lengths, page_size: int, reserve: int, *,
+    page_aligned: bool = True,
+    out: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]
+    | tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None,
+) -> AllocPlan: ...
+def spec_v2_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int, reserve: int) -> int: ...
+def decode_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int) -> int: ...

@@ -1,0 +1,65 @@
+"""Shared fixtures: which implementation is live, CPU variants, Hypothesis profiles."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import kvest
+
+# "ci" runs in .ci/run; "dev" (the default) is quicker for local edits.
+settings.register_profile(
+    "ci", max_examples=400, deadline=None, print_blob=True,
+    suppress_health_check=[
+        HealthCheck.too_slow, HealthCheck.data_too_large,
+        # cpu_variant is set once per test and never mutated by the test body.
+        HealthCheck.function_scoped_fixture,
+    ],
+)
+settings.register_profile(
+    "dev", max_examples=100, deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow, HealthCheck.data_too_large,
+        # cpu_variant is set once per test and never mutated by the test body.
+        HealthCheck.function_scoped_fixture,
+    ],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def _variants() -> list[str]:
+    if kvest.IMPLEMENTATION != "cython":
+        return ["python"]
+    from kvest import _kernels
+
+    return _kernels.cpu_variants()
+
+
+CPU_VARIANTS = _variants()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [
+        f"kvest implementation: {kvest.IMPLEMENTATION} "
+        f"(KVEST_PURE_PYTHON={os.environ.get('KVEST_PURE_PYTHON', '')!r})",
+        f"kvest CPU variants under test: {', '.join(CPU_VARIANTS)}",
+        f"hypothesis profile: {settings._current_profile}",
+    ]
+
+
+@pytest.fixture(params=CPU_VARIANTS)
+def cpu_variant(request: pytest.FixtureRequest):
+    """Run a test once per CPU loop variant this machine supports."""
+    if kvest.IMPLEMENTATION != "cython":
+        yield request.param
+        return
+    from kvest import _kernels
+
+    before = _kernels.cpu_variant()
+    _kernels.set_cpu_variant(request.param)
+    try:
+        yield request.param
+    finally:
+        _kernels.set_cpu_variant(before)

@@ -1,0 +1,138 @@
+"""Differential checking and shared input generators for the test suite."""
+
+from __future__ import annotations
+
+import array
+import copy
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+import kvest
+from kvest import reference
+
+INT64_MAX = 2**63 - 1
+PAGE_SIZES = [1, 2, 3, 7, 16, 32, 64, 96, 100, 128, 256, 300]
+
+# The array functions, with the names of their length arguments: one registry
+# for the differential, input and benchmark code.
+ARRAY_FUNCTIONS = {
+    "spec_v2_new_tokens": ("committed", "allocated"),
+    "decode_new_tokens": ("committed",),
+    "num_new_pages": ("seq_lens", "prefix_lens"),
+    "decode_alloc_plan": ("committed", "allocated"),
+}
+
+
+def outcome(fn: Any, args: tuple, kwargs: dict) -> tuple[str, Any]:
+    """("ok", value) or ("raise", exception type): what a call did."""
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the type is what we compare
+        return "raise", type(exc)
+    if isinstance(value, kvest.AllocPlan):
+        value = (value.cur.tolist(), value.nxt.tolist(), value.num_tokens, value.num_pages)
+    return "ok", value
+
+
+def _snapshot(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    try:
+        return copy.deepcopy(obj)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _same(before: Any, after: Any) -> bool:
+    if isinstance(before, np.ndarray):
+        return np.array_equal(before, after) and before.dtype == after.dtype
+    return before is None or before == after
+
+
+def check_same(name: str, *args: Any, **kwargs: Any) -> tuple[str, Any]:
+    """Call kvest.<name> and reference.<name> and require the same outcome.
+
+    Same value and type of value, or the same exception type; neither call may
+    modify its arguments (``out`` buffers excepted).
+    """
+    snaps = [_snapshot(a) for a in args]
+    fast = outcome(getattr(kvest, name), args, kwargs)
+    for arg, snap in zip(args, snaps):
+        assert _same(snap, arg), f"kvest.{name} modified an argument"
+    slow = outcome(getattr(reference, name), args, kwargs)
+    for arg, snap in zip(args, snaps):
+        assert _same(snap, arg), f"reference.{name} modified an argument"
+    assert fast == slow, f"{name}: kvest gave {fast}, reference gave {slow}"
+    if fast[0] == "ok" and not isinstance(fast[1], tuple):
+        assert type(fast[1]) is int, f"{name} returned {type(fast[1])}, not int"
+    return fast
+
+
+# ------------------------------------------------------------------ strategies
+
+EDGE_VALUES = [0, 1, 2**21, 2**29 - 1, 2**29, 2**31 - 1, 2**31, 2**32 + 1, 2**62, INT64_MAX]
+
+
+def length_values(page_size: int | None = None, negative: bool = False) -> st.SearchStrategy[int]:
+    """Lengths as a scheduler sees them, plus edges around pages and int64."""
+    parts = [st.integers(0, 2**21), st.integers(0, 300), st.sampled_from(EDGE_VALUES)]
+    if page_size is not None:
+        parts.append(st.integers(0, 50).flatmap(
+            lambda k: st.sampled_from([k * page_size - 1, k * page_size, k * page_size + 1])
+        ).filter(lambda v: v >= 0))
+    if negative:
+        parts.append(st.integers(-(2**63), -1))
+    return st.one_of(*parts)
+
+
+LAYOUTS = ["int64", "int32", "list", "tuple", "strided", "uint16", "bigendian", "array", "memoryview"]
+
+
+def as_layout(values: list[int], layout: str) -> Any:
+    """``values`` in one of the containers kvest accepts (int64 if it cannot)."""
+    fits32 = all(-(2**31) <= v < 2**31 for v in values)
+    if layout == "list":
+        return list(values)
+    if layout == "tuple":
+        return tuple(values)
+    if layout == "int32" and fits32:
+        return np.array(values, dtype=np.int32)
+    if layout == "uint16" and all(0 <= v < 2**16 for v in values):
+        return np.array(values, dtype=np.uint16)
+    if layout == "bigendian":
+        return np.array(values, dtype=">i8")
+    if layout == "strided":
+        wide = np.zeros(2 * len(values), dtype=np.int64)
+        wide[::2] = values
+        return wide[::2]
+    if layout == "array":
+        return array.array("q", values)
+    if layout == "memoryview":
+        return memoryview(np.array(values, dtype=np.int64))
+    return np.array(values, dtype=np.int64)
+
+
+@st.composite
+def length_arrays(draw: st.DrawFn, n: int, page_size: int | None = None,
+                  negative: bool = False) -> Any:
+    values = draw(st.lists(length_values(page_size, negative), min_size=n, max_size=n))
+    return as_layout(values, draw(st.sampled_from(LAYOUTS)))
+
+
+@st.composite
+def indices_for(draw: st.DrawFn, n: int) -> Any:
+    """None, or row numbers with list semantics: negatives, repeats, rarely out of range."""
+    if draw(st.booleans()):
+        return None
+    lo, hi = (-n, n - 1) if n else (0, 0)
+    rows = st.integers(lo, hi) if n else st.nothing()
+    if draw(st.integers(0, 20)) == 0:
+        rows = st.integers(-n - 3, n + 3)
+    picked = draw(st.lists(rows, max_size=2 * n + 2)) if n else []
+    return as_layout(picked, draw(st.sampled_from(["list", "int64", "int32"])))
+
+
+page_sizes = st.one_of(st.sampled_from(PAGE_SIZES), st.integers(1, 4096))
+reserves = st.one_of(st.integers(0, 1000), st.sampled_from([0, 2, 16, 2**29 - 1, 2**29, 2**40]))
