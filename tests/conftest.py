@@ -39,6 +39,12 @@ def _variants() -> list[str]:
 
 CPU_VARIANTS = _variants()
 
+if os.environ.get("KVEST_REQUIRE_COMPILED") and kvest.IMPLEMENTATION != "cython":
+    raise pytest.UsageError(
+        "KVEST_REQUIRE_COMPILED is set but the compiled kernels did not import "
+        f"(kvest from {kvest.__file__})"
+    )
+
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     return [
