@@ -571,30 +571,46 @@ def _checked_cast(values, buf, name):
 cdef object _MISSING = object()
 
 
-cdef inline int64_t _req_len(object req, bint allocated, Py_ssize_t pos) except? -1:
-    """req.kv_committed_len / kv_allocated_len, flat or under req.kv.
-
-    Exact ints in range take the fast path; anything else (NumPy integers,
-    wrong types, negative or huge values, missing attributes) is re-read by the
-    reference's reader, which converts it or raises its exception.
-    """
+cdef inline int64_t _as_length(object v, object req, Py_ssize_t pos, str attr) except? -1:
+    """An exact int in range as int64; anything else goes to the reference's
+    reader, which converts it (NumPy integers) or raises its exception."""
     cdef int overflow = 0
     cdef long long x
-    # getattr with a default takes CPython's no-exception lookup: a missing
-    # flat attribute costs a dict probe, not a raised AttributeError.
-    if allocated:
-        v = getattr(req, "kv_allocated_len", _MISSING)
-        if v is _MISSING:
-            v = getattr(getattr(req, "kv", None), "kv_allocated_len", _MISSING)
-    else:
-        v = getattr(req, "kv_committed_len", _MISSING)
-        if v is _MISSING:
-            v = getattr(getattr(req, "kv", None), "kv_committed_len", _MISSING)
     if type(v) is int:
         x = PyLong_AsLongLongAndOverflow(v, &overflow)
         if overflow == 0 and x >= 0:
             return x
-    return _req_length(req, pos, "kv_allocated_len" if allocated else "kv_committed_len")
+    return _req_length(req, pos, attr)
+
+
+cdef inline int64_t _committed(object req, Py_ssize_t pos) except? -1:
+    """req.kv_committed_len, flat or under req.kv."""
+    # getattr with a default takes CPython's no-exception lookup: a missing
+    # flat attribute costs a dict probe, not a raised AttributeError.
+    v = getattr(req, "kv_committed_len", _MISSING)
+    if v is _MISSING:
+        v = getattr(getattr(req, "kv", None), "kv_committed_len", _MISSING)
+    return _as_length(v, req, pos, "kv_committed_len")
+
+
+cdef inline int _both(object req, Py_ssize_t pos, int64_t *c, int64_t *a) except -1:
+    """req's committed and allocated lengths, reading req.kv once if nested."""
+    vc = getattr(req, "kv_committed_len", _MISSING)
+    va = getattr(req, "kv_allocated_len", _MISSING)
+    if vc is _MISSING or va is _MISSING:
+        kv = getattr(req, "kv", None)
+        if vc is _MISSING:
+            vc = getattr(kv, "kv_committed_len", _MISSING)
+        if va is _MISSING:
+            va = getattr(kv, "kv_allocated_len", _MISSING)
+    c[0] = _as_length(vc, req, pos, "kv_committed_len")
+    a[0] = _as_length(va, req, pos, "kv_allocated_len")
+    return 0
+
+
+cdef inline void _row_overflow(Py_ssize_t pos) except *:
+    raise OverflowError(f"reqs[{pos}]: an intermediate value or the running total "
+                        "does not fit in int64")
 
 
 def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve):
@@ -605,14 +621,20 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve):
     """
     cdef int64_t p = _count(page_size, "page_size", 1)
     cdef int64_t r = _count(reserve, "reserve", 0)
-    cdef int64_t c, a, need, total = 0
+    cdef int64_t c = 0, a = 0, need, tokens, total = 0
+    cdef int64_t max_pages = INT64_MAX // p
     cdef Py_ssize_t pos = 0
     for req in reqs:
-        c = _req_len(req, False, pos)
-        a = _req_len(req, True, pos)
-        need = _fits_add(c, r, f"reqs[{pos}]: committed + reserve")
-        need = _ceil_align(need if need > a else a, p, f"reqs[{pos}]: ceil_align")
-        total = _fits_add(total, need - _ceil_div(a, p) * p, "spec_v2_new_tokens_from_reqs")
+        _both(req, pos, &c, &a)
+        if c > INT64_MAX - r:
+            _row_overflow(pos)
+        need = _ceil_div(c + r if c + r > a else a, p)
+        if need > max_pages:
+            _row_overflow(pos)
+        tokens = (need - _ceil_div(a, p)) * p
+        if total > INT64_MAX - tokens:
+            _row_overflow(pos)
+        total += tokens
         pos += 1
     return total
 
@@ -623,6 +645,6 @@ def decode_new_tokens_from_reqs(reqs, page_size):
     cdef uint64_t pages = 0
     cdef Py_ssize_t pos = 0
     for req in reqs:
-        pages += _req_len(req, False, pos) % p == 0
+        pages += _committed(req, pos) % p == 0
         pos += 1
     return _times_page(pages, p, "decode_new_tokens_from_reqs")
