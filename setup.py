@@ -19,7 +19,10 @@ kernels = Extension(
     "kvest._kernels",
     sources=["kvest/_kernels.pyx", "kvest/_src/loops.c"],
     include_dirs=[np.get_include(), "kvest/_src"],
-    depends=["kvest/_src/loops.h", "kvest/_src/loops_body.h", "kvest/_src/loops_variant.h"],
+    depends=[
+        "kvest/_src/loops.h", "kvest/_src/loops_body.h", "kvest/_src/loops_variant.h",
+        "kvest/_src/loops_avx2.h",
+    ],
     define_macros=[
         # The oldest NumPy C API the module may use, and the runtime floor it
         # supports: keep in step with `dependencies` in pyproject.toml.

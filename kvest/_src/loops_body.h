@@ -21,8 +21,10 @@
 
 /* ceil(x / p) for a power-of-two p = 1 << shift. */
 #define KV_CDIV_POW2(x) (((x) + pm1) >> shift)
-/* floor(x / p) for x < 2^31 through the magic multiplier (see loops.c). */
-#define KV_FDIV_MAGIC(x) (((uint64_t)(uint32_t)(x) * magic) >> mshift)
+/* floor(x / p) for x < 2^31 through the magic multiplier (see loops.h).  Both
+ * factors are explicitly 32-bit so the compiler emits a widening 32x32->64
+ * multiply (vpmuludq), which AVX2 has, rather than a 64-bit one, which it lacks. */
+#define KV_FDIV_MAGIC(x) (((uint64_t)(uint32_t)(x) * (uint64_t)magic) >> mshift)
 #define KV_CDIV_MAGIC(x) KV_FDIV_MAGIC((x) + pm1)
 /* Row i of an array read through the index array, negative counts from the end. */
 #define KV_ROW(arr, k) (arr)[(k) < 0 ? (k) + n : (k)]
@@ -46,12 +48,14 @@ static uint64_t KV_NAME(spec_v2_pow2)(const void *c_, const void *a_,
     return pages;
 }
 
+#ifndef KV_CUSTOM_MAGIC /* the avx2 target brings its own (loops_avx2.h) */
 static uint64_t KV_NAME(spec_v2_magic)(const void *c_, const void *a_,
                                        int64_t n, const kv_divisor *d, uint64_t reserve,
                                        uint64_t *bits_out)
 {
     const KV_T *restrict c = (const KV_T *)c_, *restrict a = (const KV_T *)a_;
-    const uint64_t pm1 = d->pm1, magic = d->magic, mshift = d->mshift;
+    const uint64_t pm1 = d->pm1, mshift = d->mshift;
+    const uint32_t magic = (uint32_t)d->magic;
     uint64_t pages = 0, bits = 0;
     for (int64_t i = 0; i < n; i++) {
         uint64_t ci = (uint64_t)(int64_t)c[i], ai = (uint64_t)(int64_t)a[i];
@@ -62,6 +66,7 @@ static uint64_t KV_NAME(spec_v2_magic)(const void *c_, const void *a_,
     *bits_out = bits;
     return pages;
 }
+#endif
 
 static uint64_t KV_NAME(spec_v2_gather)(const void *c_, const void *a_,
                                         int64_t n, const kv_divisor *d, uint64_t reserve,
@@ -99,12 +104,14 @@ static uint64_t KV_NAME(mod_count_pow2)(const void *c_, int64_t n,
     return count;
 }
 
+#ifndef KV_CUSTOM_MAGIC /* the avx2 target brings its own (loops_avx2.h) */
 static uint64_t KV_NAME(mod_count_magic)(const void *c_, int64_t n,
                                          const kv_divisor *d, uint64_t want,
                                          uint64_t *bits_out)
 {
     const KV_T *restrict c = (const KV_T *)c_;
-    const uint64_t p = d->p, magic = d->magic, mshift = d->mshift;
+    const uint64_t p = d->p, mshift = d->mshift;
+    const uint32_t magic = (uint32_t)d->magic;
     uint64_t count = 0, bits = 0;
     for (int64_t i = 0; i < n; i++) {
         uint64_t ci = (uint64_t)(int64_t)c[i];
@@ -115,6 +122,7 @@ static uint64_t KV_NAME(mod_count_magic)(const void *c_, int64_t n,
     *bits_out = bits;
     return count;
 }
+#endif
 
 static uint64_t KV_NAME(mod_count_gather)(const void *c_, int64_t n,
                                           const kv_divisor *d, uint64_t want,
@@ -151,12 +159,14 @@ static uint64_t KV_NAME(extend_pages_pow2)(const void *s_, const void *pre_,
     return pages; /* two's complement: the caller reads it as int64 */
 }
 
+#ifndef KV_CUSTOM_MAGIC /* the avx2 target brings its own (loops_avx2.h) */
 static uint64_t KV_NAME(extend_pages_magic)(const void *s_, const void *pre_,
                                             int64_t n, const kv_divisor *d,
                                             uint64_t *bits_out)
 {
     const KV_T *restrict s = (const KV_T *)s_, *restrict pre = (const KV_T *)pre_;
-    const uint64_t pm1 = d->pm1, magic = d->magic, mshift = d->mshift;
+    const uint64_t pm1 = d->pm1, mshift = d->mshift;
+    const uint32_t magic = (uint32_t)d->magic;
     uint64_t pages = 0, bits = 0;
     for (int64_t i = 0; i < n; i++) {
         uint64_t si = (uint64_t)(int64_t)s[i], pi = (uint64_t)(int64_t)pre[i];
@@ -166,6 +176,7 @@ static uint64_t KV_NAME(extend_pages_magic)(const void *s_, const void *pre_,
     *bits_out = bits;
     return pages;
 }
+#endif
 
 #undef KV_CDIV_POW2
 #undef KV_FDIV_MAGIC

@@ -8,15 +8,25 @@
 #define KV_PASTE(a, b, c) KV_PASTE_(a, b, c)
 
 #define KV_T int32_t
+#define KV_T_IS_INT32 1
 #define KV_NAME(x) KV_PASTE(x, i32, KV_TARGET)
 #include "loops_body.h"
+#ifdef KV_CUSTOM_MAGIC
+#include "loops_avx2.h"
+#endif
 #undef KV_NAME
+#undef KV_T_IS_INT32
 #undef KV_T
 
 #define KV_T int64_t
+#define KV_T_IS_INT32 0
 #define KV_NAME(x) KV_PASTE(x, i64, KV_TARGET)
 #include "loops_body.h"
+#ifdef KV_CUSTOM_MAGIC
+#include "loops_avx2.h"
+#endif
 #undef KV_NAME
+#undef KV_T_IS_INT32
 #undef KV_T
 
 #define KV_ENTRY(x) {KV_PASTE(x, i32, KV_TARGET), KV_PASTE(x, i64, KV_TARGET)}
