@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from kvest._bench import run
 
-        return run(quick=args.quick, plot=args.plot, markdown=args.markdown)
+        return run(quick=args.quick, plot_path=args.plot, markdown=args.markdown)
     return demo(args.requests, args.page_size, tuple(args.config), args.seed)
 
 

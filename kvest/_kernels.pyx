@@ -58,6 +58,7 @@ cdef extern from "loops.h" nogil:
     int64_t KV_FAST_MAX_ROWS
     int KV_NUM_VARIANTS
     void kv_divisor_init(kv_divisor *d, uint64_t p)
+    uint64_t kv_cdiv(uint64_t x, const kv_divisor *d)
     uint64_t kv_spec_v2_pages(const void *c, const void *a, int itemsize, int64_t n,
                               const kv_divisor *d, uint64_t reserve,
                               const int64_t *idx, int64_t m, uint64_t *bits)
@@ -70,6 +71,12 @@ cdef extern from "loops.h" nogil:
     int kv_best_variant()
     int kv_select_variant(int variant)
     int kv_current_variant()
+
+
+cdef enum:
+    # Releasing and retaking the GIL costs about as much as 1,000 rows of the
+    # fast loops: below this many rows, keep it.
+    RELEASE_GIL_ROWS = 2048
 
 
 ctypedef fused length_t:
@@ -279,7 +286,10 @@ def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
     cdef int w = _width(c)
     if _fast_range(n, p, r):
         kv_divisor_init(&d, p)
-        with nogil:
+        if m >= RELEASE_GIL_ROWS:
+            with nogil:
+                pages = kv_spec_v2_pages(cp, ap, w, n, &d, r, idx, m, &bits)
+        else:
             pages = kv_spec_v2_pages(cp, ap, w, n, &d, r, idx, m, &bits)
         if bits < KV_FAST_LIMIT:
             return _times_page(pages, p, "spec_v2_new_tokens")
@@ -312,7 +322,10 @@ cdef object _mod_count(object lengths, str name, int64_t p, int64_t want, object
     cdef int w = _width(c)
     if _fast_range(n, p, 0):
         kv_divisor_init(&d, p)
-        with nogil:
+        if m >= RELEASE_GIL_ROWS:
+            with nogil:
+                count = kv_mod_count(cp, w, n, &d, <uint64_t>want, idx, m, &bits)
+        else:
             count = kv_mod_count(cp, w, n, &d, <uint64_t>want, idx, m, &bits)
         if bits < KV_FAST_LIMIT:
             return count
@@ -367,7 +380,10 @@ def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
     cdef int w = _width(s)
     if _fast_range(n, p, 0):
         kv_divisor_init(&d, p)
-        with nogil:
+        if n >= RELEASE_GIL_ROWS:
+            with nogil:
+                pages = kv_extend_pages(sp, pp, w, n, &d, &bits)
+        else:
             pages = kv_extend_pages(sp, pp, w, n, &d, &bits)
         if bits < KV_FAST_LIMIT:
             return <int64_t>pages
@@ -624,8 +640,18 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve):
     cdef int64_t c = 0, a = 0, need, tokens, total = 0
     cdef int64_t max_pages = INT64_MAX // p
     cdef Py_ssize_t pos = 0
+    cdef kv_divisor d
+    cdef bint fast = _fast_range(0, p, r)
+    kv_divisor_init(&d, p)
     for req in reqs:
         _both(req, pos, &c, &a)
+        if fast and <uint64_t>(c | a) < KV_FAST_LIMIT:
+            # Division by shift or multiply (see loops.h), exact in this range.
+            need = c + r if c + r > a else a
+            tokens = (<int64_t>kv_cdiv(need, &d) - <int64_t>kv_cdiv(a, &d)) * p
+            total += tokens  # at most 2^32 pages a row, and rows < 2^31: no overflow
+            pos += 1
+            continue
         if c > INT64_MAX - r:
             _row_overflow(pos)
         need = _ceil_div(c + r if c + r > a else a, p)
