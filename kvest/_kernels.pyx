@@ -649,15 +649,15 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve):
             # Division by shift or multiply (see loops.h), exact in this range.
             need = c + r if c + r > a else a
             tokens = (<int64_t>kv_cdiv(need, &d) - <int64_t>kv_cdiv(a, &d)) * p
-            total += tokens  # at most 2^32 pages a row, and rows < 2^31: no overflow
-            pos += 1
-            continue
-        if c > INT64_MAX - r:
-            _row_overflow(pos)
-        need = _ceil_div(c + r if c + r > a else a, p)
-        if need > max_pages:
-            _row_overflow(pos)
-        tokens = (need - _ceil_div(a, p)) * p
+        else:
+            if c > INT64_MAX - r:
+                _row_overflow(pos)
+            need = _ceil_div(c + r if c + r > a else a, p)
+            if need > max_pages:
+                _row_overflow(pos)
+            tokens = (need - _ceil_div(a, p)) * p
+        # Checked on both paths: an earlier huge row can bring the total near
+        # the int64 limit, and a small row can then push it over.
         if total > INT64_MAX - tokens:
             _row_overflow(pos)
         total += tokens

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Run core tests under valgrind's memcheck against the installed kvest, and fail
+# on any memory error (invalid read or write, uninitialised value, bad free)
+# whose stack passes through kvest's compiled code.  Reports from elsewhere --
+# the dynamic loader, CPython, NumPy, glibc's vectorized string functions -- are
+# listed as a count but do not fail the run: they are not kvest's to fix.
+# Valgrind emulates up to AVX2, so the AVX2 and baseline loops are what runs.
+#
+#   bash tools/memcheck.sh [pytest args...]     (default: examples, bad inputs, requests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+export PYTHONMALLOC=malloc OPENBLAS_NUM_THREADS=1 KVEST_REQUIRE_COMPILED=1
+export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev}
+args=("$@")
+[ ${#args[@]} -gt 0 ] || args=(tests/test_examples.py tests/test_inputs.py tests/test_reqs.py)
+status=0
+valgrind --tool=memcheck --leak-check=no --num-callers=40 --log-file="$log" \
+    python -m pytest -q -p no:cacheprovider "${args[@]}" || status=$?
+[ "$status" -eq 0 ] || { echo "the tests failed under valgrind (exit $status)"; exit 1; }
+python - "$log" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+blocks = re.split(r"\n==\d+== \n", text)
+errors = [b for b in blocks if re.search(r"==\d+== (Invalid|Conditional|Use of uninit|Mismatched|Source and destination|Syscall param|Argument)", b)]
+ours = [b for b in errors if re.search(r"_kernels|loops_body|loops_avx2|loops\.c", b)]
+print(f"memcheck: {len(errors)} reports in all, {len(ours)} through kvest's code")
+for b in ours:
+    print(b)
+sys.exit(1 if ours else 0)
+PY
+echo "memcheck: clean"
