@@ -6,7 +6,7 @@
 # listed as a count but do not fail the run: they are not kvest's to fix.
 # Valgrind emulates up to AVX2, so the AVX2 and baseline loops are what runs.
 #
-#   bash tools/memcheck.sh [pytest args...]     (default: examples, bad inputs, requests)
+#   bash tools/memcheck.sh [pytest args...]     (default: worked examples and bad inputs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log=$(mktemp)
@@ -14,7 +14,7 @@ trap 'rm -f "$log"' EXIT
 export PYTHONMALLOC=malloc OPENBLAS_NUM_THREADS=1 KVEST_REQUIRE_COMPILED=1
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev}
 args=("$@")
-[ ${#args[@]} -gt 0 ] || args=(tests/test_examples.py tests/test_inputs.py tests/test_reqs.py)
+[ ${#args[@]} -gt 0 ] || args=(tests/test_examples.py tests/test_inputs.py)
 status=0
 valgrind --tool=memcheck --leak-check=no --num-callers=40 --log-file="$log" \
     python -m pytest -q -p no:cacheprovider "${args[@]}" || status=$?
