@@ -13,8 +13,15 @@ from __future__ import annotations
 
 import pytest
 
-from kvest._bench import FUNCTIONS, IMPLEMENTATIONS, PAGE_SIZES, SIZES, make_batch, numpy_decode
-from kvest._bench import numpy_spec_v2
+from kvest._bench import (
+    FUNCTIONS,
+    IMPLEMENTATIONS,
+    PAGE_SIZES,
+    SIZES,
+    make_batch,
+    numpy_decode,
+    numpy_spec_v2,
+)
 
 
 def _expected(fn: str, batch) -> int:

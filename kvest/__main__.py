@@ -59,14 +59,17 @@ def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: 
         ("alloc_len_per_decode", (steps, topk, draft, page_size), {}),
         ("decode_alloc_plan", (committed, allocated, page_size, reserve), {}),
     ]
-    header = f"{'estimator':26} {'kvest':>12} {'reference':>12}  agree {'kvest':>10} {'reference':>10}"
+    header = (f"{'estimator':26} {'kvest':>12} {'reference':>12}  agree "
+              f"{'kvest':>10} {'reference':>10}")
     print(header)
     print("-" * len(header))
     failures = 0
     for label, args, kwargs in cases:
         name = label.split("[")[0]
-        fast, t_fast = _best_of(lambda n=name: getattr(kvest, n)(*args, **kwargs), 50)
-        slow, t_slow = _best_of(lambda n=name: getattr(reference, n)(*args, **kwargs), 3)
+        fast, t_fast = _best_of(
+            lambda n=name, a=args, k=kwargs: getattr(kvest, n)(*a, **k), 50)
+        slow, t_slow = _best_of(
+            lambda n=name, a=args, k=kwargs: getattr(reference, n)(*a, **k), 3)
         if isinstance(fast, kvest.AllocPlan):
             agree = (np.array_equal(fast.nxt, slow.nxt)
                      and (fast.num_tokens, fast.num_pages) == (slow.num_tokens, slow.num_pages))

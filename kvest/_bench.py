@@ -61,7 +61,7 @@ class Batch:
     def reqs(self) -> list[Req]:
         if self._reqs is None:
             self._reqs = [Req(c, a) for c, a in zip(self.committed.tolist(),
-                                                    self.allocated.tolist())]
+                                                    self.allocated.tolist(), strict=True)]
         return self._reqs
 
     @property
@@ -270,8 +270,8 @@ def table(rows: list[Row], markdown: bool = False) -> str:
     impls = [name for name in ("loop", "numpy", "numba", "kvest", "kvest-objects", "floor",
                                "kvest:int32", "floor:int32")
              if any(name in r.times for r in rows)]
-    head = (["function", "n", "p"] + impls
-            + ["kvest vs loop", "kvest vs numpy", "kvest / floor", "objects vs loop"])
+    head = ["function", "n", "p", *impls,
+            "kvest vs loop", "kvest vs numpy", "kvest / floor", "objects vs loop"]
     body = []
     for r in rows:
         t = r.times
@@ -367,7 +367,7 @@ def plot(rows: list[Row], path: str) -> None:
             for name, style in styles.items():
                 pts = [(r.n, r.times[name] / r.n * 1e9) for r in sel if name in r.times]
                 if pts:
-                    ax.plot(*zip(*pts), style, label=name, markersize=4)
+                    ax.plot(*zip(*pts, strict=True), style, label=name, markersize=4)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title(f"{fn}, page size {p}")

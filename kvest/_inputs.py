@@ -130,7 +130,9 @@ def _has_buffer(obj: Any) -> bool:
     return True
 
 
-def check_same_length(first: np.ndarray, first_name: str, other: np.ndarray, other_name: str) -> None:
+def check_same_length(
+    first: np.ndarray, first_name: str, other: np.ndarray, other_name: str
+) -> None:
     if len(first) != len(other):
         raise ValueError(
             f"{first_name} and {other_name} must have the same length, "
@@ -179,7 +181,7 @@ def as_out(out: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
         return np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     if not (isinstance(out, tuple) and len(out) == 2):
         raise TypeError("out must be a tuple (cur, nxt) of two NumPy arrays")
-    for name, buf in zip(("out[0]", "out[1]"), out):
+    for name, buf in zip(("out[0]", "out[1]"), out, strict=True):
         if not isinstance(buf, np.ndarray):
             raise TypeError(f"{name} must be a NumPy array, not {_describe(buf)}")
         if buf.dtype not in _NATIVE_INT:

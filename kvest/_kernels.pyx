@@ -158,7 +158,8 @@ cdef inline int _width(cnp.ndarray arr) noexcept:
 
 
 cdef inline bint _fast_range(int64_t n, int64_t p, int64_t reserve) noexcept:
-    return n < KV_FAST_MAX_ROWS and <uint64_t>p < KV_FAST_LIMIT and <uint64_t>reserve < KV_FAST_LIMIT
+    return (n < KV_FAST_MAX_ROWS and <uint64_t>p < KV_FAST_LIMIT
+            and <uint64_t>reserve < KV_FAST_LIMIT)
 
 
 cdef inline object _times_page(uint64_t count, int64_t p, str what):
@@ -297,9 +298,11 @@ def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
     _negatives(a, "allocated", sel)
     with nogil:
         if w == 4:
-            bad = _spec_v2_checked(<const int32_t *>cp, <const int32_t *>ap, n, idx, m, p, r, &total)
+            bad = _spec_v2_checked(<const int32_t *>cp, <const int32_t *>ap, n, idx, m, p, r,
+                                   &total)
         else:
-            bad = _spec_v2_checked(<const int64_t *>cp, <const int64_t *>ap, n, idx, m, p, r, &total)
+            bad = _spec_v2_checked(<const int64_t *>cp, <const int64_t *>ap, n, idx, m, p, r,
+                                   &total)
     if bad:
         raise OverflowError(f"spec_v2_new_tokens: at selected row {bad - 1} an intermediate "
                             "value or the running total does not fit in int64")
@@ -578,7 +581,8 @@ def _checked_cast(values, buf, name):
     info = np.iinfo(buf.dtype)
     over = np.flatnonzero(values > info.max)
     if over.size:
-        raise OverflowError(f"{name}[{int(over[0])}] = {int(values[over[0]])} does not fit its dtype")
+        pos = int(over[0])
+        raise OverflowError(f"{name}[{pos}] = {int(values[pos])} does not fit its dtype")
     return values
 
 

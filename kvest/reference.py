@@ -15,7 +15,8 @@ a formula (an input, an intermediate such as ``C[i] + R`` or
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -264,7 +265,9 @@ def _req_length(req: Any, pos: int, attr: str) -> int:
     try:
         value = value.__index__()
     except (AttributeError, TypeError):
-        raise TypeError(f"reqs[{pos}].{attr} must be an integer, not {type(value).__name__}") from None
+        raise TypeError(
+            f"reqs[{pos}].{attr} must be an integer, not {type(value).__name__}"
+        ) from None
     if value < 0:
         raise ValueError(f"reqs[{pos}].{attr} = {value} is negative; lengths must be >= 0")
     return _fits(value, f"reqs[{pos}].{attr}")

@@ -28,7 +28,7 @@ def outcome(fn: Any, args: tuple, kwargs: dict) -> tuple[str, Any]:
     """("ok", value) or ("raise", exception type): what a call did."""
     try:
         value = fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the type is what we compare
+    except Exception as exc:
         return "raise", type(exc)
     if isinstance(value, kvest.AllocPlan):
         value = (value.cur.tolist(), value.nxt.tolist(), value.num_tokens, value.num_pages)
@@ -88,7 +88,9 @@ def length_values(page_size: int | None = None, negative: bool = False) -> st.Se
     return st.one_of(*parts)
 
 
-LAYOUTS = ["int64", "int32", "list", "tuple", "strided", "uint16", "bigendian", "array", "memoryview"]
+LAYOUTS = [
+    "int64", "int32", "list", "tuple", "strided", "uint16", "bigendian", "array", "memoryview",
+]
 
 
 def as_layout(values: list[int], layout: str) -> Any:

@@ -24,8 +24,8 @@ def _calls():
     for arr in (c, a, c32, a32):
         arr.flags.writeable = False
     idx = rng.integers(-n, n, 5000)
-    reqs = [FlatReq(int(x), int(y)) for x, y in zip(c[:2000], a[:2000])]
-    nested = [NestedReq(int(x), int(y)) for x, y in zip(c[:2000], a[:2000])]
+    reqs = [FlatReq(int(x), int(y)) for x, y in zip(c[:2000], a[:2000], strict=True)]
+    nested = [NestedReq(int(x), int(y)) for x, y in zip(c[:2000], a[:2000], strict=True)]
     return [
         lambda: kvest.spec_v2_new_tokens(c, a, 16, 128),
         lambda: kvest.spec_v2_new_tokens(c32, a32, 100, 64),
@@ -102,7 +102,8 @@ def _ticks_inside(call, margin: float = 0.004, tries: int = 10) -> int:
             if end - start <= 4 * margin:
                 continue  # too short to judge: try again
             judged += 1
-            best = max(best, sum(1 for t in ticks[-1_000_000:] if start + margin < t < end - margin))
+            recent = ticks[-1_000_000:]
+            best = max(best, sum(1 for t in recent if start + margin < t < end - margin))
     finally:
         stop.set()
         th.join()

@@ -8,8 +8,8 @@ if sglang is not installed, ``load()`` returns None and the parity tests skip
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import importlib.metadata
 from dataclasses import dataclass
