@@ -47,6 +47,28 @@ class Req:
         self.kv_allocated_len = allocated
 
 
+class KVState:
+    """The nested layout of later SGLang releases: lengths under ``req.kv``."""
+
+    def __init__(self, committed: int, allocated: int) -> None:
+        self.kv_committed_len = committed
+        self.kv_allocated_len = allocated
+
+
+class NestedReq:
+    def __init__(self, committed: int, allocated: int) -> None:
+        self.kv = KVState(committed, allocated)
+
+
+def loop_spec_v2_nested(reqs: list[Any], p: int, reserve: int) -> int:
+    total = 0
+    for r in reqs:
+        cur = r.kv.kv_allocated_len
+        nxt = max(cur, r.kv.kv_committed_len + reserve)
+        total += (nxt + p - 1) // p * p - (cur + p - 1) // p * p
+    return total
+
+
 @dataclass
 class Batch:
     """One decode batch in every form the implementations take."""
@@ -382,6 +404,39 @@ def plot(rows: list[Row], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def objects_comparison(n: int, p: int, samples: int, target: float) -> dict[str, dict[str, float]]:
+    """Object kernel against the loops, flat and nested layouts, side by side."""
+    from kvest import reference
+
+    b = make_batch(n, p)
+    nested = [NestedReq(r.kv_committed_len, r.kv_allocated_len) for r in b.reqs]
+    out = {}
+    for layout, reqs, loop in (("flat", b.reqs, loop_spec_v2),
+                               ("nested", nested, loop_spec_v2_nested)):
+        out[layout] = measure({
+            "loop": functools.partial(loop, reqs, p, b.reserve),
+            "reference": functools.partial(reference.spec_v2_new_tokens_from_reqs, reqs, p,
+                                           b.reserve),
+            "kvest-objects": functools.partial(kvest.spec_v2_new_tokens_from_reqs, reqs, p,
+                                               b.reserve),
+        }, samples, target)
+    return out
+
+
+def objects_table(result: dict[str, dict[str, float]], n: int, p: int,
+                  markdown: bool = False) -> str:
+    head = ["layout", "loop", "kvest.reference", "kvest-objects", "vs loop", "vs reference"]
+    body = [[layout, _fmt_time(t["loop"]), _fmt_time(t["reference"]),
+             _fmt_time(t["kvest-objects"]), _ratio(t["loop"], t["kvest-objects"]),
+             _ratio(t["reference"], t["kvest-objects"])] for layout, t in result.items()]
+    title = f"spec_v2 over {n} request objects, p={p}"
+    if markdown:
+        return "\n".join([f"{title}:", "", "| " + " | ".join(head) + " |",
+                          "| --- |" + " ---: |" * (len(head) - 1)]
+                         + ["| " + " | ".join(row) + " |" for row in body])
+    return "\n".join([title] + ["  ".join(f"{c:>16}" for c in row) for row in [head, *body]])
+
+
 def run(quick: bool = False, plot_path: str | None = None, markdown: str | None = None) -> int:
     sizes = QUICK_SIZES if quick else SIZES
     pages = [16, 100] if quick else PAGE_SIZES
@@ -391,10 +446,13 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
     start = time.perf_counter()
     rows = run_matrix(sizes, pages, fns, samples, target,
                       progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    objects = objects_comparison(256, 16, samples, target)
     elapsed = time.perf_counter() - start
     print(f"\nmedian time per call, {samples} samples each, implementations interleaved; "
           f"{elapsed:.0f} s\n")
     print(table(rows))
+    print()
+    print(objects_table(objects, 256, 16))
     print()
     print(targets_table(rows))
     if plot_path:
@@ -405,7 +463,8 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
         with open(markdown, "w", encoding="utf-8") as fh:
             fh.write(f"Measured with `{cmd}` on {machine()}; median time per call, "
                      f"{samples} samples per cell, implementations interleaved.\n\n")
-            fh.write(table(rows, markdown=True) + "\n\n" + targets_table(rows, markdown=True)
-                     + "\n")
+            fh.write(table(rows, markdown=True) + "\n\n"
+                     + objects_table(objects, 256, 16, markdown=True) + "\n\n"
+                     + targets_table(rows, markdown=True) + "\n")
         print(f"markdown written to {markdown}")
     return 0

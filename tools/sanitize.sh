@@ -20,8 +20,10 @@ python -m pip install --quiet "Cython>=3.1" "setuptools>=77" "numpy>=2.0" pytest
 
 export KVEST_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g"
 export KVEST_LDFLAGS="-fsanitize=address,undefined"
-python setup.py build_ext --inplace --quiet 2>&1 | grep -v "^\(copying\|running\)" || true
-test -n "$(ls kvest/_kernels*.so)"
+if ! python setup.py build_ext --inplace > build.log 2>&1; then
+    cat build.log
+    exit 1
+fi
 
 LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
 export LD_PRELOAD
