@@ -11,13 +11,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+# `python "$(command -v pytest)"`, not `python -m pytest`: the installed kvest,
+# not the source tree in the current directory.
 export PYTHONMALLOC=malloc OPENBLAS_NUM_THREADS=1 KVEST_REQUIRE_COMPILED=1
 export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-dev}
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(tests/test_examples.py tests/test_inputs.py)
 status=0
 valgrind --tool=memcheck --leak-check=no --num-callers=40 --log-file="$log" \
-    python -m pytest -q -p no:cacheprovider "${args[@]}" || status=$?
+    python "$(command -v pytest)" -q -p no:cacheprovider "${args[@]}" || status=$?
 [ "$status" -eq 0 ] || { echo "the tests failed under valgrind (exit $status)"; exit 1; }
 python - "$log" <<'PY'
 import re, sys
