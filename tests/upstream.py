@@ -17,6 +17,10 @@ from pathlib import Path
 from types import FunctionType
 from typing import Any
 
+# Re-exported: the request stand-ins the tests build batches from.
+from kvest._bench import NestedReq as NestedReq
+from kvest._bench import Req
+
 SGLANG_VERSION = "0.5.11"
 
 FILES = {
@@ -153,25 +157,9 @@ class Allocator:
     page_size: int
 
 
-class FlatReq:
-    """sglang 0.5.11 layout: lengths on the request."""
-
-    def __init__(self, committed: int, allocated: int) -> None:
-        self.kv_committed_len = committed
-        self.kv_allocated_len = allocated
-
-
-class KVState:
-    def __init__(self, committed: int, allocated: int) -> None:
-        self.kv_committed_len = committed
-        self.kv_allocated_len = allocated
-
-
-class NestedReq:
-    """Later layout: lengths under req.kv."""
-
-    def __init__(self, committed: int, allocated: int) -> None:
-        self.kv = KVState(committed, allocated)
+# Request stand-ins in both layouts: the benchmark's own (flat, as in 0.5.11,
+# and nested under req.kv, as in later releases).
+FlatReq = Req
 
 
 def stand_in_batch_class(up: Upstream) -> type:
