@@ -16,6 +16,12 @@ from hypothesis import strategies as st
 sizes = st.integers(0, 40)
 
 
+def more_examples(factor: int) -> settings:
+    """The loaded profile's example count times factor: a few thousand per
+    function in CI, for functions with fewer tests (or no CPU variants)."""
+    return settings(max_examples=settings.default.max_examples * factor)
+
+
 @given(st.data(), sizes, page_sizes, reserves, st.booleans())
 def test_spec_v2_new_tokens(cpu_variant, data, n, p, r, negative):
     c = data.draw(length_arrays(n, p, negative))
@@ -29,6 +35,7 @@ def test_decode_new_tokens(cpu_variant, data, n, p, negative):
     check_same("decode_new_tokens", c, p, indices=data.draw(indices_for(n)))
 
 
+@more_examples(3)
 @given(st.data(), sizes, page_sizes, st.booleans(), st.booleans())
 def test_num_new_pages(cpu_variant, data, n, p, decode, negative):
     s = data.draw(length_arrays(n, p, negative))
@@ -88,12 +95,14 @@ def test_alloc_plan_pages_match_spec_v2(cpu_variant, data, n, p, r, aligned):
 counts = st.one_of(st.none(), st.integers(0, 70), st.sampled_from([2**31, 2**62, 2**63 - 1]))
 
 
+@more_examples(8)
 @given(st.integers(0, 5000) | st.sampled_from([2**40, 2**63 - 1]), page_sizes, counts, counts,
        counts)
 def test_spec_v1_new_tokens(n, p, steps, topk, draft):
     check_same("spec_v1_new_tokens", n, p, steps, topk, draft)
 
 
+@more_examples(8)
 @given(counts, counts, counts, page_sizes, st.booleans(), st.booleans())
 def test_alloc_len_per_decode(steps, topk, draft, p, speculative, has_draft_kv):
     kw = {"speculative": speculative, "has_draft_kv": has_draft_kv}
