@@ -15,6 +15,7 @@ import numpy as np
 
 import kvest
 from kvest import reference
+from kvest._bench import _fmt_time
 
 
 def _best_of(fn: Callable[[], Any], repeat: int) -> tuple[Any, float]:
@@ -26,13 +27,6 @@ def _best_of(fn: Callable[[], Any], repeat: int) -> tuple[Any, float]:
         result = fn()
         best = min(best, time.perf_counter() - start)
     return result, best
-
-
-def _fmt(seconds: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:7.2f} {unit}"
-    return f"{seconds / 1e-9:7.0f} ns"
 
 
 def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: int) -> int:
@@ -79,7 +73,7 @@ def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: 
             agree = fast == slow
         failures += not agree
         print(f"{label:26} {fast:>12} {slow:>12}  {'yes' if agree else 'NO':>5} "
-              f"{_fmt(t_fast):>10} {_fmt(t_slow):>10}")
+              f"{_fmt_time(t_fast):>10} {_fmt_time(t_slow):>10}")
     print("\ntimes: fastest of 50 (kvest) and 3 (reference) calls on this machine; "
           "`python -m kvest bench` compares properly.")
     return 1 if failures else 0

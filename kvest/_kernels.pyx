@@ -168,10 +168,6 @@ cdef inline object _times_page(uint64_t count, int64_t p, str what):
     return <int64_t>(count * <uint64_t>p)
 
 
-cdef inline void _negatives(cnp.ndarray arr, str name, object rows=None) except *:
-    first_negative(arr, name, rows)
-
-
 cdef inline int64_t _row(const int64_t *idx, int64_t j, int64_t n) noexcept nogil:
     if idx == NULL:
         return j
@@ -181,10 +177,6 @@ cdef inline int64_t _row(const int64_t *idx, int64_t j, int64_t n) noexcept nogi
 cdef inline int64_t _ceil_div(int64_t x, int64_t p) noexcept nogil:
     # x >= 0, p >= 1
     return x // p + (x % p != 0)
-
-
-cdef inline int64_t _mod(int64_t x, int64_t p) noexcept nogil:
-    return x % p
 
 
 cdef inline int64_t _fits_add(int64_t x, int64_t y, str what) except? -1:
@@ -235,7 +227,7 @@ cdef uint64_t _mod_count_checked(const length_t *c, int64_t n, const int64_t *id
     cdef int64_t j
     cdef uint64_t count = 0
     for j in range(m):
-        count += _mod(c[_row(idx, j, n)], p) == want
+        count += c[_row(idx, j, n)] % p == want
     return count
 
 
@@ -294,8 +286,8 @@ def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
             pages = kv_spec_v2_pages(cp, ap, w, n, &d, r, idx, m, &bits)
         if bits < KV_FAST_LIMIT:
             return _times_page(pages, p, "spec_v2_new_tokens")
-    _negatives(c, "committed", sel)
-    _negatives(a, "allocated", sel)
+    first_negative(c, "committed", sel)
+    first_negative(a, "allocated", sel)
     with nogil:
         if w == 4:
             bad = _spec_v2_checked(<const int32_t *>cp, <const int32_t *>ap, n, idx, m, p, r,
@@ -332,7 +324,7 @@ cdef object _mod_count(object lengths, str name, int64_t p, int64_t want, object
             count = kv_mod_count(cp, w, n, &d, <uint64_t>want, idx, m, &bits)
         if bits < KV_FAST_LIMIT:
             return count
-    _negatives(c, name, sel)
+    first_negative(c, name, sel)
     with nogil:
         if w == 4:
             count = _mod_count_checked(<const int32_t *>cp, n, idx, m, p, want)
@@ -372,8 +364,8 @@ def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
         if _len(pre) != n:
             check_same_length(s, "seq_lens", pre, "prefix_lens")
         if decode:
-            _negatives(s, "seq_lens")
-            _negatives(pre, "prefix_lens")
+            first_negative(s, "seq_lens")
+            first_negative(pre, "prefix_lens")
     if decode:
         return _mod_count(s, "seq_lens", p, 1, None)
     if _width(s) != _width(pre):
@@ -390,8 +382,8 @@ def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
             pages = kv_extend_pages(sp, pp, w, n, &d, &bits)
         if bits < KV_FAST_LIMIT:
             return <int64_t>pages
-    _negatives(s, "seq_lens")
-    _negatives(pre, "prefix_lens")
+    first_negative(s, "seq_lens")
+    first_negative(pre, "prefix_lens")
     with nogil:
         if w == 4:
             bad = _extend_checked(<const int32_t *>sp, <const int32_t *>pp, n, p, &total)
@@ -566,8 +558,8 @@ def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=
                           aligned, cur_buf, nxt_buf, sums, &row)
     if code != PLAN_OK:
         # A negative length anywhere is reported first, as the reference does.
-        _negatives(c, "committed")
-        _negatives(a, "allocated")
+        first_negative(c, "committed")
+        first_negative(a, "allocated")
         if code == PLAN_CUR_RANGE:
             raise OverflowError(f"out[0][{row}] = {int(a[row])} does not fit its dtype")
         if code == PLAN_NXT_RANGE:

@@ -14,16 +14,6 @@ from kvest import reference
 INT64_MAX = 2**63 - 1
 PAGE_SIZES = [1, 2, 3, 7, 16, 32, 64, 96, 100, 128, 256, 300]
 
-# The array functions, with the names of their length arguments: one registry
-# for the differential, input and benchmark code.
-ARRAY_FUNCTIONS = {
-    "spec_v2_new_tokens": ("committed", "allocated"),
-    "decode_new_tokens": ("committed",),
-    "num_new_pages": ("seq_lens", "prefix_lens"),
-    "decode_alloc_plan": ("committed", "allocated"),
-}
-
-
 def outcome(fn: Any, args: tuple, kwargs: dict) -> tuple[str, Any]:
     """("ok", value) or ("raise", exception type): what a call did."""
     try:
