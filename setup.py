@@ -15,14 +15,12 @@ compile_args = [] if sys.platform == "win32" else ["-O3", "-std=c11"]
 compile_args += os.environ.get("KVEST_CFLAGS", "").split()
 link_args = os.environ.get("KVEST_LDFLAGS", "").split()
 
-kernels = Extension(
-    "kvest._kernels",
-    sources=["kvest/_kernels.pyx", "kvest/_src/loops.c"],
-    include_dirs=[np.get_include(), "kvest/_src"],
-    depends=[
-        "kvest/_src/loops.h", "kvest/_src/loops_body.h", "kvest/_src/loops_variant.h",
-        "kvest/_src/loops_avx2.h",
-    ],
+SRC = "src/kvest"
+HEADERS = [f"{SRC}/_src/{name}" for name in
+           ("loops.h", "loops_body.h", "loops_variant.h", "loops_avx2.h")]
+common = dict(
+    include_dirs=[np.get_include(), f"{SRC}/_src"],
+    depends=[*HEADERS, f"{SRC}/_common.pxd"],
     define_macros=[
         # The oldest NumPy C API the module may use, and the runtime floor it
         # supports: keep in step with `dependencies` in pyproject.toml.
@@ -33,4 +31,13 @@ kernels = Extension(
     extra_link_args=link_args,
 )
 
-setup(ext_modules=cythonize([kernels], compiler_directives={"language_level": 3}))
+extensions = [
+    # Array kernels, with the C loops and their runtime CPU dispatch.
+    Extension("kvest._kernels", sources=[f"{SRC}/_kernels.pyx", f"{SRC}/_src/loops.c"],
+              **common),
+    # Request-object kernels: only inline helpers from loops.h, no loop variants.
+    Extension("kvest._reqs", sources=[f"{SRC}/_reqs.pyx"], **common),
+]
+
+setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": 3},
+                            include_path=["src"]))

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -98,6 +97,3 @@ def main(argv: list[str] | None = None) -> int:
         return run(quick=args.quick, plot_path=args.plot, markdown=args.markdown)
     return demo(args.requests, args.page_size, tuple(args.config), args.seed)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

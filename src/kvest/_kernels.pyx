@@ -4,7 +4,8 @@
 # chosen at import (set_cpu_variant is a test hook); every call works on its own
 # locals and only reads its input buffers, so no lock is needed.
 # cython: freethreading_compatible=True
-"""Compiled kernels: the same names, signatures and exceptions as kvest.reference.
+"""Compiled array kernels: the same names, signatures and exceptions as
+kvest.reference._kernels, their pure-Python twin.
 
 Each array function takes one of two paths.  The fast path hands raw pointers
 to the vectorized C loops (src/loops.c, runtime CPU dispatch) with the GIL
@@ -16,61 +17,47 @@ does.
 """
 
 cimport numpy as cnp
-from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.stdint cimport INT32_MAX, INT64_MAX, int32_t, int64_t, uint64_t
+
+from kvest._common cimport (
+    KV_FAST_LIMIT,
+    KV_NUM_VARIANTS,
+    _ceil_align,
+    _ceil_div,
+    _count,
+    _fast_range,
+    _fits_add,
+    _fits_mul,
+    _times_page,
+    kv_best_variant,
+    kv_current_variant,
+    kv_divisor,
+    kv_divisor_init,
+    kv_extend_pages,
+    kv_mod_count,
+    kv_select_variant,
+    kv_spec_v2_pages,
+    kv_variant_name,
+    kv_variant_supported,
+)
 
 import os
 
 import numpy as np
 
 from kvest._inputs import (
-    as_count,
     as_indices,
     as_lengths,
     as_out,
     check_same_length,
     first_negative,
-    result_int64,
 )
+from kvest._names import ARRAY_FUNCTIONS
 from kvest._types import AllocPlan
-from kvest.reference import _req_length
 
-__all__ = [
-    "alloc_len_per_decode",
-    "alloc_reserve_per_decode",
-    "decode_alloc_plan",
-    "decode_new_tokens",
-    "decode_new_tokens_from_reqs",
-    "num_new_pages",
-    "spec_v1_new_tokens",
-    "spec_v2_new_tokens",
-    "spec_v2_new_tokens_from_reqs",
-]
+__all__ = list(ARRAY_FUNCTIONS)
 
 cnp.import_array()
-
-
-cdef extern from "loops.h" nogil:
-    ctypedef struct kv_divisor:
-        uint64_t p
-        int pow2
-    uint64_t KV_FAST_LIMIT
-    int64_t KV_FAST_MAX_ROWS
-    int KV_NUM_VARIANTS
-    void kv_divisor_init(kv_divisor *d, uint64_t p)
-    uint64_t kv_cdiv(uint64_t x, const kv_divisor *d)
-    uint64_t kv_spec_v2_pages(const void *c, const void *a, int itemsize, int64_t n,
-                              const kv_divisor *d, uint64_t reserve,
-                              const int64_t *idx, int64_t m, uint64_t *bits)
-    uint64_t kv_mod_count(const void *c, int itemsize, int64_t n, const kv_divisor *d,
-                          uint64_t want, const int64_t *idx, int64_t m, uint64_t *bits)
-    uint64_t kv_extend_pages(const void *s, const void *pre, int itemsize, int64_t n,
-                             const kv_divisor *d, uint64_t *bits)
-    const char *kv_variant_name(int variant)
-    int kv_variant_supported(int variant)
-    int kv_best_variant()
-    int kv_select_variant(int variant)
-    int kv_current_variant()
 
 
 cdef enum:
@@ -118,22 +105,17 @@ def set_cpu_variant(name):
 
 
 kv_select_variant(kv_best_variant())
-if os.environ.get("KVEST_CPU"):
-    set_cpu_variant(os.environ["KVEST_CPU"])
+if os.environ.get("KVEST_CPU", "").strip():
+    # Read as people write it (any case); a variant this CPU cannot run, or an
+    # unknown name, warns and keeps the best one: never a failed import.
+    try:
+        set_cpu_variant(os.environ["KVEST_CPU"].strip().lower())
+    except ValueError as exc:
+        import warnings
+        warnings.warn(f"KVEST_CPU ignored: {exc}", RuntimeWarning, stacklevel=2)
 
 
 # ------------------------------------------------------------ argument parsing
-
-cdef inline int64_t _count(object value, str name, int64_t minimum) except -1:
-    """A scalar argument as int64 >= minimum (exact ints fast, the rest via as_count)."""
-    cdef int overflow = 0
-    cdef long long v
-    if type(value) is int:
-        v = PyLong_AsLongLongAndOverflow(value, &overflow)
-        if overflow == 0 and v >= minimum:
-            return v
-    return as_count(value, name, minimum)
-
 
 cdef inline cnp.ndarray _lengths(object obj, str name):
     """obj as a contiguous native int32/int64 array; such arrays pass as they are."""
@@ -157,44 +139,10 @@ cdef inline int _width(cnp.ndarray arr) noexcept:
     return <int>cnp.PyArray_ITEMSIZE(arr)
 
 
-cdef inline bint _fast_range(int64_t n, int64_t p, int64_t reserve) noexcept:
-    return (n < KV_FAST_MAX_ROWS and <uint64_t>p < KV_FAST_LIMIT
-            and <uint64_t>reserve < KV_FAST_LIMIT)
-
-
-cdef inline object _times_page(uint64_t count, int64_t p, str what):
-    if count > <uint64_t>(INT64_MAX // p):
-        return result_int64(<object>count * p, what)
-    return <int64_t>(count * <uint64_t>p)
-
-
 cdef inline int64_t _row(const int64_t *idx, int64_t j, int64_t n) noexcept nogil:
     if idx == NULL:
         return j
     return idx[j] + n if idx[j] < 0 else idx[j]
-
-
-cdef inline int64_t _ceil_div(int64_t x, int64_t p) noexcept nogil:
-    # x >= 0, p >= 1
-    return x // p + (x % p != 0)
-
-
-cdef inline int64_t _fits_add(int64_t x, int64_t y, str what) except? -1:
-    # x, y >= 0
-    if x > INT64_MAX - y:
-        raise OverflowError(f"{what} = {<object>x + y} does not fit in int64")
-    return x + y
-
-
-cdef inline int64_t _fits_mul(int64_t x, int64_t y, str what) except? -1:
-    # x, y >= 0
-    if y != 0 and x > INT64_MAX // y:
-        raise OverflowError(f"{what} = {<object>x * y} does not fit in int64")
-    return x * y
-
-
-cdef inline int64_t _ceil_align(int64_t x, int64_t p, str what) except? -1:
-    return _fits_mul(_ceil_div(x, p), p, what)
 
 
 # ------------------------------------------------------ checked (scalar) loops
@@ -576,97 +524,3 @@ def _checked_cast(values, buf, name):
         pos = int(over[0])
         raise OverflowError(f"{name}[{pos}] = {int(values[pos])} does not fit its dtype")
     return values
-
-
-# ------------------------------------------------------------ request objects
-
-cdef object _MISSING = object()
-
-
-cdef inline int64_t _as_length(object v, object req, Py_ssize_t pos, str attr) except? -1:
-    """An exact int in range as int64; anything else goes to the reference's
-    reader, which converts it (NumPy integers) or raises its exception."""
-    cdef int overflow = 0
-    cdef long long x
-    if type(v) is int:
-        x = PyLong_AsLongLongAndOverflow(v, &overflow)
-        if overflow == 0 and x >= 0:
-            return x
-    return _req_length(req, pos, attr)
-
-
-cdef inline int64_t _committed(object req, Py_ssize_t pos) except? -1:
-    """req.kv_committed_len, flat or under req.kv."""
-    # getattr with a default takes CPython's no-exception lookup: a missing
-    # flat attribute costs a dict probe, not a raised AttributeError.
-    v = getattr(req, "kv_committed_len", _MISSING)
-    if v is _MISSING:
-        v = getattr(getattr(req, "kv", None), "kv_committed_len", _MISSING)
-    return _as_length(v, req, pos, "kv_committed_len")
-
-
-cdef inline int _both(object req, Py_ssize_t pos, int64_t *c, int64_t *a) except -1:
-    """req's committed and allocated lengths, reading req.kv once if nested."""
-    vc = getattr(req, "kv_committed_len", _MISSING)
-    va = getattr(req, "kv_allocated_len", _MISSING)
-    if vc is _MISSING or va is _MISSING:
-        kv = getattr(req, "kv", None)
-        if vc is _MISSING:
-            vc = getattr(kv, "kv_committed_len", _MISSING)
-        if va is _MISSING:
-            va = getattr(kv, "kv_allocated_len", _MISSING)
-    c[0] = _as_length(vc, req, pos, "kv_committed_len")
-    a[0] = _as_length(va, req, pos, "kv_allocated_len")
-    return 0
-
-
-cdef inline void _row_overflow(Py_ssize_t pos) except *:
-    raise OverflowError(f"reqs[{pos}]: an intermediate value or the running total "
-                        "does not fit in int64")
-
-
-def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve):
-    """:func:`spec_v2_new_tokens` read straight from request objects.
-
-    Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
-    flat on the request or nested under ``req.kv``.
-    """
-    cdef int64_t p = _count(page_size, "page_size", 1)
-    cdef int64_t r = _count(reserve, "reserve", 0)
-    cdef int64_t c = 0, a = 0, need, tokens, total = 0
-    cdef int64_t max_pages = INT64_MAX // p
-    cdef Py_ssize_t pos = 0
-    cdef kv_divisor d
-    cdef bint fast = _fast_range(0, p, r)
-    kv_divisor_init(&d, p)
-    for req in reqs:
-        _both(req, pos, &c, &a)
-        if fast and <uint64_t>(c | a) < KV_FAST_LIMIT:
-            # Division by shift or multiply (see loops.h), exact in this range.
-            need = c + r if c + r > a else a
-            tokens = (<int64_t>kv_cdiv(need, &d) - <int64_t>kv_cdiv(a, &d)) * p
-        else:
-            if c > INT64_MAX - r:
-                _row_overflow(pos)
-            need = _ceil_div(c + r if c + r > a else a, p)
-            if need > max_pages:
-                _row_overflow(pos)
-            tokens = (need - _ceil_div(a, p)) * p
-        # Checked on both paths: an earlier huge row can bring the total near
-        # the int64 limit, and a small row can then push it over.
-        if total > INT64_MAX - tokens:
-            _row_overflow(pos)
-        total += tokens
-        pos += 1
-    return total
-
-
-def decode_new_tokens_from_reqs(reqs, page_size):
-    """:func:`decode_new_tokens` read straight from request objects."""
-    cdef int64_t p = _count(page_size, "page_size", 1)
-    cdef uint64_t pages = 0
-    cdef Py_ssize_t pos = 0
-    for req in reqs:
-        pages += _committed(req, pos) % p == 0
-        pos += 1
-    return _times_page(pages, p, "decode_new_tokens_from_reqs")

@@ -1,11 +1,9 @@
-"""The pure-Python twin of every kvest function: the oracle.
+"""The pure-Python twin of ``kvest._kernels``: the array estimators as plain loops.
 
 Each function here has the same name, signature and exceptions as its compiled
-counterpart in ``kvest._kernels`` and is written as the plain per-request loop a
-scheduler would write, over Python ints (arbitrary precision), so that it is
-obviously correct.  ``import kvest`` serves these functions when the compiled
-module is missing or ``KVEST_PURE_PYTHON=1`` is set, and the test suite checks
-the kernels against them.
+counterpart and is written as the plain per-request loop a scheduler would
+write, over Python ints (arbitrary precision), so that it is obviously correct.
+``KVEST_PURE_PYTHON=1`` serves these functions as ``kvest.*``.
 
 Integers are exact, but results follow int64 semantics: where a value named in
 a formula (an input, an intermediate such as ``C[i] + R`` or
@@ -15,7 +13,6 @@ a formula (an input, an intermediate such as ``C[i] + R`` or
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -30,19 +27,10 @@ from kvest._inputs import (
     first_negative,
     result_int64,
 )
+from kvest._names import ARRAY_FUNCTIONS
 from kvest._types import AllocPlan
 
-__all__ = [
-    "alloc_len_per_decode",
-    "alloc_reserve_per_decode",
-    "decode_alloc_plan",
-    "decode_new_tokens",
-    "decode_new_tokens_from_reqs",
-    "num_new_pages",
-    "spec_v1_new_tokens",
-    "spec_v2_new_tokens",
-    "spec_v2_new_tokens_from_reqs",
-]
+__all__ = list(ARRAY_FUNCTIONS)
 
 
 def ceil_div(x: int, p: int) -> int:
@@ -249,53 +237,3 @@ def decode_alloc_plan(
         cur_out, nxt_out,
         result_int64(tokens, "num_tokens"), result_int64(pages, "num_pages"),
     )
-
-
-def _req_length(req: Any, pos: int, attr: str) -> int:
-    """``req.<attr>`` (flat layout) or ``req.kv.<attr>`` (nested layout)."""
-    try:
-        value = getattr(req, attr)
-    except AttributeError:
-        try:
-            value = getattr(req.kv, attr)
-        except AttributeError:
-            raise AttributeError(f"reqs[{pos}] has neither .{attr} nor .kv.{attr}") from None
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"reqs[{pos}].{attr} must be an integer, not bool")
-    try:
-        value = value.__index__()
-    except (AttributeError, TypeError):
-        raise TypeError(
-            f"reqs[{pos}].{attr} must be an integer, not {type(value).__name__}"
-        ) from None
-    if value < 0:
-        raise ValueError(f"reqs[{pos}].{attr} = {value} is negative; lengths must be >= 0")
-    return _fits(value, f"reqs[{pos}].{attr}")
-
-
-def spec_v2_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int, reserve: int) -> int:
-    """:func:`spec_v2_new_tokens` read straight from request objects.
-
-    Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
-    flat on the request or nested under ``req.kv``.
-    """
-    p = as_count(page_size, "page_size", 1)
-    r = as_count(reserve, "reserve", 0)
-    total = 0
-    for pos, req in enumerate(reqs):
-        c = _req_length(req, pos, "kv_committed_len")
-        a = _req_length(req, pos, "kv_allocated_len")
-        nxt = max(a, _fits(c + r, f"reqs[{pos}]: committed + reserve"))
-        total += _fits(ceil_align(nxt, p), f"reqs[{pos}]: ceil_align") - ceil_align(a, p)
-        _fits(total, "spec_v2_new_tokens_from_reqs")
-    return total
-
-
-def decode_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int) -> int:
-    """:func:`decode_new_tokens` read straight from request objects."""
-    p = as_count(page_size, "page_size", 1)
-    pages = 0
-    for pos, req in enumerate(reqs):
-        if _req_length(req, pos, "kv_committed_len") % p == 0:
-            pages += 1
-    return result_int64(pages * p, "decode_new_tokens_from_reqs")

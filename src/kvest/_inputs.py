@@ -193,3 +193,32 @@ def as_out(out: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
         if not buf.flags.writeable:
             raise ValueError(f"{name} is read-only")
     return out[0], out[1]
+
+
+def req_length(req: Any, pos: int, attr: str) -> int:
+    """``req.<attr>`` (flat layout) or ``req.kv.<attr>`` (nested layout), checked.
+
+    The input rule for request objects, shared by both implementations: an
+    integer (``__index__``, not bool) in ``[0, INT64_MAX]``; ``pos`` names the
+    request in messages.
+    """
+    try:
+        value = getattr(req, attr)
+    except AttributeError:
+        try:
+            value = getattr(req.kv, attr)
+        except AttributeError:
+            raise AttributeError(f"reqs[{pos}] has neither .{attr} nor .kv.{attr}") from None
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"reqs[{pos}].{attr} must be an integer, not bool")
+    try:
+        value = value.__index__()
+    except (AttributeError, TypeError):
+        raise TypeError(
+            f"reqs[{pos}].{attr} must be an integer, not {type(value).__name__}"
+        ) from None
+    if value < 0:
+        raise ValueError(f"reqs[{pos}].{attr} = {value} is negative; lengths must be >= 0")
+    if value > INT64_MAX:
+        raise OverflowError(f"reqs[{pos}].{attr} = {value} does not fit in int64")
+    return value

@@ -1,4 +1,4 @@
-# Type stubs for the compiled module; kvest.reference has the same signatures.
+# Type stubs for the compiled array kernels; kvest.reference._kernels has the same signatures.
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,5 +42,3 @@ def decode_alloc_plan(
     out: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]
     | tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None,
 ) -> AllocPlan: ...
-def spec_v2_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int, reserve: int) -> int: ...
-def decode_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int) -> int: ...

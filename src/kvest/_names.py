@@ -1,0 +1,23 @@
+"""kvest's public function names: the one list that the package namespace, the
+compiled modules and their pure-Python twins all take their ``__all__`` from."""
+
+from __future__ import annotations
+
+# Array estimators: kvest._kernels (compiled) and kvest.reference._kernels (pure).
+ARRAY_FUNCTIONS = (
+    "alloc_len_per_decode",
+    "alloc_reserve_per_decode",
+    "decode_alloc_plan",
+    "decode_new_tokens",
+    "num_new_pages",
+    "spec_v1_new_tokens",
+    "spec_v2_new_tokens",
+)
+
+# Request-object estimators: kvest._reqs (compiled) and kvest.reference._reqs (pure).
+REQ_FUNCTIONS = (
+    "decode_new_tokens_from_reqs",
+    "spec_v2_new_tokens_from_reqs",
+)
+
+FUNCTIONS = ARRAY_FUNCTIONS + REQ_FUNCTIONS
