@@ -188,10 +188,10 @@ def alloc_len_per_decode(num_steps, topk, num_draft_tokens, page_size, *,
     k = _scalar(topk, 0, optional=True) or 1
     t = _scalar(num_draft_tokens, 0, optional=True)
     p = _scalar(page_size, 1)
-    if not _flag(speculative):
-        _flag(has_draft_kv)
+    speculative, has_draft_kv = _flag(speculative), _flag(has_draft_kv)
+    if not speculative:
         return 1
-    if p == 1 or k == 1 or not _flag(has_draft_kv):
+    if p == 1 or k == 1 or not has_draft_kv:
         return max(_fits(s * k), t)
     return max(_fits(_fits(ceil_div(_fits(p - 1 + s), p) * p) * k), t)
 
@@ -228,12 +228,12 @@ def _out_limit(out: Any, n: int, inputs: tuple[Any, ...]) -> int:
     if not (isinstance(out, tuple) and len(out) == 2):
         raise Unmodelled("out that is not a pair")
     views = [buf.numpy() if type(buf).__module__.startswith("torch") else buf for buf in out]
-    for buf in views:
+    others = [x for x in inputs if isinstance(x, np.ndarray)]
+    for pos, buf in enumerate(views):
         if not (type(buf) is np.ndarray and buf.ndim == 1 and len(buf) == n
                 and buf.flags.c_contiguous and buf.flags.writeable):
             raise Unmodelled("out buffers the contract refuses")
-        if any(np.shares_memory(buf, x) for x in (*inputs, *views)
-               if isinstance(x, np.ndarray) and x is not buf):
+        if n and any(np.shares_memory(buf, x) for x in [*others, *views[pos + 1:]]):
             raise Unmodelled("out buffers that share memory")
     dtypes = {buf.dtype for buf in views}
     if len(dtypes) != 1 or dtypes - {np.dtype(np.int32), np.dtype(np.int64)}:
