@@ -437,6 +437,16 @@ def req_length(req: Any, pos: int, attr: str) -> int:
             value = getattr(req.kv, attr)
         except AttributeError:
             raise AttributeError(f"reqs[{pos}] has neither .{attr} nor .kv.{attr}") from None
+        except MemoryError:
+            raise
+        except Exception as exc:  # a property of the caller's that fails
+            raise TypeError(
+                f"reqs[{pos}].kv.{attr} could not be read: {_describe(exc)}: {exc}") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(
+            f"reqs[{pos}].{attr} could not be read: {_describe(exc)}: {exc}") from exc
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"reqs[{pos}].{attr} must be an integer, not bool")
     try:
