@@ -216,7 +216,7 @@ def alloc_reserve_per_decode(
 
 def decode_alloc_plan(
     committed: Any, allocated: Any, page_size: int, reserve: int, *,
-    page_aligned: bool = True, out: tuple[np.ndarray, np.ndarray] | None = None,
+    page_aligned: bool = True, out: tuple[Any, Any] | None = None,
 ) -> AllocPlan:
     """The spec-v2 decode allocation itself, in one pass.
 
