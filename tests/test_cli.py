@@ -79,3 +79,19 @@ def test_help_names_every_flag(capsys):
     text = capsys.readouterr().out
     for flag in ("--quick", "--plot", "--markdown"):
         assert flag in text
+
+
+def test_readme_documents_every_flag():
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    if not readme.is_file():
+        pytest.skip("README.md is not beside the tests")
+    text = readme.read_text(encoding="utf-8")
+    top = cli.parser()
+    parsers = [top, *next(a for a in top._actions if a.dest == "command").choices.values()]
+    for parser in parsers:
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    assert f"`{flag}" in text or f"`bench {flag}" in text, flag
