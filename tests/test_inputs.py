@@ -595,3 +595,79 @@ def test_request_attributes_that_misbehave(name, req, exc, fragment):
         with pytest.raises(exc, match=re.escape(fragment)):
             getattr(impl, name)(*args)
     check_same(name, *args)
+
+
+# ------------------------------------- every argument of every function, junk
+
+class _Req:
+    def __init__(self, c, a):
+        self.kv_committed_len, self.kv_allocated_len = c, a
+
+
+def _junk() -> list:
+    values = [
+        None, 1.5, True, np.bool_(False), "16", b"16", np.array(16), np.array([16]),
+        np.array(True), np.float64(16.0), -1, 2**64, -(2**64), np.uint64(2**64 - 1),
+        Index(16), BrokenIndex(), [1.5], [None], [[1]], [True], [np.array(1)], {}, set(),
+        object(), range(2), range(-3, 2), _masked([16, 1], [0, 1]), STRUCTURED,
+        RaisingArray(), RaisingDLPack(), BrokenSequence(), WithMissing([1.0, np.nan], float),
+        np.zeros((2, 2), int), np.array([16, 17], ">i8"), np.array([2**64 - 1, 0], np.uint64),
+        [BIG, BIG], (np.zeros(2, int), np.zeros(2, int)), [_Req(1, 1)], [object()],
+    ]
+    try:
+        import torch
+    except ImportError:
+        return values
+    return [*values, torch.tensor(16), torch.tensor([16]), torch.tensor([True, False]),
+            torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([16, 17])]
+
+
+JUNK = _junk()
+ALLOWED = (TypeError, ValueError, IndexError, OverflowError)
+
+# (function, valid positional args, valid keyword args)
+VALID_CALLS = [
+    ("spec_v2_new_tokens", ([5, 16], [8, 16], 16, 6), {"indices": [1]}),
+    ("decode_new_tokens", ([5, 16], 16), {"indices": [1]}),
+    ("num_new_pages", ([5, 16], 16, [1, 2]), {"decode": False}),
+    ("num_new_pages", ([5, 16], 16, [1, 2]), {"decode": True}),
+    ("spec_v1_new_tokens", (2, 16, 3, 2, 6), {}),
+    ("alloc_len_per_decode", (3, 2, 6, 16), {"speculative": True, "has_draft_kv": True}),
+    ("alloc_reserve_per_decode", (3, 2, 6, 16), {"speculative": True, "has_draft_kv": True}),
+    ("decode_alloc_plan", ([5, 16], [8, 16], 16, 6),
+     {"page_aligned": True, "out": (np.zeros(2, int), np.zeros(2, int))}),
+    ("spec_v2_new_tokens_from_reqs", ([_Req(5, 8), _Req(16, 16)], 16, 6), {}),
+    ("decode_new_tokens_from_reqs", ([_Req(5, 8), _Req(16, 16)], 16), {}),
+]
+ARGUMENTS = [(name, args, kwargs, where) for name, args, kwargs in VALID_CALLS
+             for where in [*range(len(args)), *kwargs]]
+
+
+@pytest.mark.parametrize(("name", "args", "kwargs", "where"), ARGUMENTS,
+                         ids=[f"{n}-{w}" for n, _, kw, w in ARGUMENTS])
+def test_every_argument_takes_any_junk(name, args, kwargs, where):
+    """Whatever goes in any one argument: the exact answer (the oracle's, where
+    it models the input) or one of the four exceptions (AttributeError too for
+    request objects), the same in both implementations, message included."""
+    allowed = (*ALLOWED, AttributeError) if name.endswith("_from_reqs") else ALLOWED
+    for junk in JUNK:
+        if name.endswith("_from_reqs") and where == 0 and isinstance(junk, BrokenSequence):
+            continue  # test_reqs_that_fail_while_iterated: pending
+        call_args, call_kwargs = list(args), dict(kwargs)
+        if isinstance(where, int):
+            call_args[where] = junk
+        else:
+            call_kwargs[where] = junk
+        result = check_same(name, *call_args, **call_kwargs)
+        if result[0] == "raise":
+            assert issubclass(result[1], allowed), (name, where, junk, result)
+
+
+@pytest.mark.xfail(strict=True, reason="both object kernels iterate reqs in their loop "
+                   "bodies, which let the iterator's own exception through: being rewritten")
+@pytest.mark.parametrize("name", ["spec_v2_new_tokens_from_reqs", "decode_new_tokens_from_reqs"])
+def test_reqs_that_fail_while_iterated(name):
+    args = (BrokenSequence(), 16, 6) if name.startswith("spec_v2") else (BrokenSequence(), 16)
+    for impl in (kvest, reference):
+        with pytest.raises(TypeError, match="reqs"):
+            getattr(impl, name)(*args)
