@@ -207,3 +207,24 @@ def test_oracle_models_int64_overflow(name, args, kwargs, want):
     implementations."""
     got = check_exact(name, *args, **kwargs)
     assert got == (("raise", want) if isinstance(want, type) else ("ok", want))
+
+
+@given(st.data(), st.integers(0, 12), st.sampled_from(["int32", "int64"]), st.booleans())
+def test_out_buffers_sharing_memory(data, n, dtype, strided):
+    """out= buffers cut from one base at random offsets, the lengths too: a
+    ValueError exactly when some out buffer shares memory with the other or
+    with an input (the compiled shortcut and the general check agree)."""
+    base = np.zeros(3 * n + 8, dtype)
+    offsets = st.integers(0, 2 * n + 8 - (2 * n if strided else n))
+    c = base[data.draw(offsets):][: 2 * n: 2 if strided else 1][:n]
+    cur = base[data.draw(st.integers(0, 2 * n + 8)):][:n]
+    nxt = base[data.draw(st.integers(0, 2 * n + 8)):][:n]
+    if len(cur) != n or len(nxt) != n or len(c) != n:
+        return
+    a = np.zeros(n, dtype)
+    shared = n > 0 and (np.shares_memory(cur, nxt) or np.shares_memory(cur, c)
+                        or np.shares_memory(nxt, c))
+    got = check_same("decode_alloc_plan", c, a, 16, 2, out=(cur, nxt))
+    assert got[0] == ("raise" if shared else "ok")
+    if shared:
+        assert got[1] is ValueError

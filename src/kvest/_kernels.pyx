@@ -534,6 +534,8 @@ def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=
         check_same_length(c, "committed", a, "allocated")
     if out is None:
         cur_buf, nxt_buf = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    elif _plain_out(out, n, committed, allocated, c, a):
+        cur_buf, nxt_buf = out
     else:
         # Both buffers have one dtype; neither overlaps the other or an input
         # (what the caller passed, or what kvest reads in its place).
@@ -556,6 +558,50 @@ def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=
         return AllocPlan(cur_buf, nxt_buf, sums[0], sums[1])
     # The caller's own objects (arrays or tensors), now filled.
     return AllocPlan(out[0], out[1], sums[0], sums[1])
+
+
+cdef inline bint _plain_buffer(object buf, int64_t n) noexcept:
+    """An out buffer as_out takes as it is: a plain ndarray of n native int32 or
+    int64, C-contiguous, aligned and writable."""
+    if not cnp.PyArray_CheckExact(buf):
+        return False
+    cdef cnp.ndarray arr = <cnp.ndarray>buf
+    return (cnp.PyArray_NDIM(arr) == 1 and cnp.PyArray_DIMS(arr)[0] == n
+            and cnp.PyArray_ISCARRAY(arr) and cnp.PyArray_ISSIGNED(arr)
+            and cnp.PyArray_ITEMSIZE(arr) >= 4)
+
+
+cdef inline bint _apart(cnp.ndarray x, cnp.ndarray y) noexcept:
+    """Two C-contiguous arrays whose bytes do not overlap."""
+    cdef char *x0 = <char *>cnp.PyArray_DATA(x)
+    cdef char *y0 = <char *>cnp.PyArray_DATA(y)
+    return (x0 + cnp.PyArray_NBYTES(x) <= y0 or y0 + cnp.PyArray_NBYTES(y) <= x0
+            or cnp.PyArray_NBYTES(x) == 0 or cnp.PyArray_NBYTES(y) == 0)
+
+
+cdef bint _plain_out(object out, int64_t n, object committed, object allocated,
+                     cnp.ndarray c, cnp.ndarray a) except -1:
+    """True when out=(cur, nxt) passes every check of as_out by pointer
+    arithmetic alone: the common case, a few nanoseconds instead of a few
+    microseconds.  False sends the call through as_out, which decides (and
+    words the error)."""
+    if not (type(out) is tuple and len(<tuple>out) == 2):
+        return False
+    cur, nxt = <tuple>out
+    if not (_plain_buffer(cur, n) and _plain_buffer(nxt, n)):
+        return False
+    if cnp.PyArray_TYPE(<cnp.ndarray>cur) != cnp.PyArray_TYPE(<cnp.ndarray>nxt):
+        return False
+    if not _apart(cur, nxt):
+        return False
+    for arr in (c, a, committed, allocated):
+        if cnp.PyArray_Check(arr):
+            # The caller's own array: only a contiguous one has a byte range.
+            if not cnp.PyArray_ISCONTIGUOUS(<cnp.ndarray>arr):
+                return False
+            if not (_apart(cur, arr) and _apart(nxt, arr)):
+                return False
+    return True
 
 
 def _plan_overflow(c, a, p, r, aligned, dtype, last):
