@@ -160,15 +160,19 @@ def _from_range(r: range, name: str) -> np.ndarray:
         bad = (start - INT64_MIN) // -step + 1
     if bad < length:
         raise OverflowError(f"{name}[{bad}] = {start + bad * step} does not fit in int64")
-    # Modular (uint64) arithmetic is exact when every value fits in int64,
-    # which is checked above; np.arange(start, stop, step) is not: it sizes
-    # its result in floating point.
-    values = np.arange(length, dtype=np.uint64)
+    # Modular (unsigned) arithmetic is exact when every value fits the signed
+    # type of the same width, which is checked here and above;
+    # np.arange(start, stop, step) is not: it sizes its result in floating
+    # point.  int32 where the values allow: half the bytes to write and read.
+    last = start + (length - 1) * step
+    narrow = -(2**31) <= min(start, last) and max(start, last) < 2**31
+    unsigned, signed, bits = (np.uint32, np.int32, 32) if narrow else (np.uint64, np.int64, 64)
+    values = np.arange(length, dtype=unsigned)
     if step != 1:
-        values *= np.uint64(step % 2**64)
+        values *= unsigned(step % 2**bits)
     if start:
-        values += np.uint64(start % 2**64)
-    return values.view(np.int64)
+        values += unsigned(start % 2**bits)
+    return values.view(signed)
 
 
 def _item(v: Any, pos: int, name: str) -> int:
