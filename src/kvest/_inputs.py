@@ -165,7 +165,7 @@ def _from_range(r: range, name: str) -> np.ndarray:
     # np.arange(start, stop, step) is not: it sizes its result in floating
     # point.  int32 where the values allow: half the bytes to write and read.
     last = start + (length - 1) * step
-    narrow = -(2**31) <= min(start, last) and max(start, last) < 2**31
+    narrow = min(start, last) >= -(2**31) and max(start, last) < 2**31
     unsigned, signed, bits = (np.uint32, np.int32, 32) if narrow else (np.uint64, np.int64, 64)
     values = np.arange(length, dtype=unsigned)
     if step != 1:
