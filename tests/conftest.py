@@ -46,12 +46,23 @@ if os.environ.get("KVEST_REQUIRE_COMPILED") and kvest.IMPLEMENTATION != "cython"
     )
 
 
+def _optional(name: str) -> str:
+    """The installed version of an optional test dependency, or "absent"."""
+    from importlib import metadata
+
+    try:
+        return f"{name} {metadata.version(name)}"
+    except metadata.PackageNotFoundError:
+        return f"{name} absent (its tests skip)"
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     return [
         f"kvest implementation: {kvest.IMPLEMENTATION} "
         f"(KVEST_PURE_PYTHON={os.environ.get('KVEST_PURE_PYTHON', '')!r})",
         f"kvest CPU variants under test: {', '.join(CPU_VARIANTS)}",
         f"hypothesis profile: {settings._current_profile}",
+        "optional: " + ", ".join(_optional(name) for name in ("torch", "pandas", "sglang")),
     ]
 
 

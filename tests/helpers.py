@@ -1,4 +1,5 @@
-"""Differential checking and shared input generators for the test suite."""
+"""Differential checking (both implementations, each against the oracle in
+tests/oracle.py) and shared input generators for the test suite."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import array
 from typing import Any
 
 import numpy as np
+import oracle
 from hypothesis import strategies as st
 
 import kvest
@@ -14,14 +16,27 @@ from kvest import reference
 INT64_MAX = 2**63 - 1
 PAGE_SIZES = [1, 2, 3, 7, 16, 32, 64, 96, 100, 128, 256, 300]
 
-def outcome(fn: Any, args: tuple, kwargs: dict) -> tuple[str, Any]:
-    """("ok", value) or ("raise", exception type): what a call did."""
+
+def outcome(fn: Any, args: tuple, kwargs: dict) -> tuple[Any, ...]:
+    """What a call did: ("ok", value) or ("raise", exception type, message)."""
     try:
         value = fn(*args, **kwargs)
     except Exception as exc:
-        return "raise", type(exc)
+        return "raise", type(exc), str(exc)
     if isinstance(value, kvest.AllocPlan):
         value = (value.cur.tolist(), value.nxt.tolist(), value.num_tokens, value.num_pages)
+    return "ok", value
+
+
+def expected(name: str, args: tuple, kwargs: dict) -> tuple[str, Any] | None:
+    """The oracle's answer: ("ok", value), ("raise", exception type), or None
+    where the oracle does not model the input."""
+    try:
+        value = oracle.FUNCTIONS[name](*args, **kwargs)
+    except (ValueError, IndexError, OverflowError) as exc:
+        return "raise", type(exc)
+    except Exception:  # Unmodelled, or input that breaks the oracle's own reading
+        return None
     return "ok", value
 
 
@@ -44,21 +59,44 @@ def _fingerprint(obj: Any, depth: int = 0) -> Any:
     return obj
 
 
-def check_same(name: str, *args: Any, **kwargs: Any) -> tuple[str, Any]:
-    """Call kvest.<name> and reference.<name> and require the same outcome.
+# The request-object kernels word their overflow messages differently from
+# their twin (one message for any row overflow); they are being rewritten on
+# their own branch.  Until then only the exception type is compared there.
+OVERFLOW_WORDING_PENDING = frozenset({"spec_v2_new_tokens_from_reqs"})
 
-    Same value and type of value, or the same exception type; neither call may
-    modify its arguments (``out`` buffers excepted).
+
+def check_same(name: str, *args: Any, **kwargs: Any) -> tuple[str, Any]:
+    """Call kvest.<name> and reference.<name>; check them against each other
+    and, where it models the input, against the oracle (tests/oracle.py).
+
+    The two implementations must agree exactly: the same value and type of
+    value, or the same exception type with the same message.  Where the oracle
+    models the input, the value (or exception type) must be the oracle's: so
+    under KVEST_PURE_PYTHON=1, where kvest.<name> is reference.<name>, the
+    expected values still come from outside kvest.  Neither call may modify its
+    arguments (``out`` buffers excepted).  Returns ("ok", value) or
+    ("raise", exception type).
     """
     snaps = [_fingerprint(a) for a in args]
     fast = outcome(getattr(kvest, name), args, kwargs)
     assert [_fingerprint(a) for a in args] == snaps, f"kvest.{name} modified an argument"
     slow = outcome(getattr(reference, name), args, kwargs)
     assert [_fingerprint(a) for a in args] == snaps, f"reference.{name} modified an argument"
+    if name in OVERFLOW_WORDING_PENDING and fast[1:2] == slow[1:2] == (OverflowError,):
+        fast, slow = fast[:2], slow[:2]
     assert fast == slow, f"{name}: kvest gave {fast}, reference gave {slow}"
     if fast[0] == "ok" and not isinstance(fast[1], tuple):
         assert type(fast[1]) is int, f"{name} returned {type(fast[1])}, not int"
-    return fast
+    want = expected(name, args, kwargs)
+    if want is not None:
+        assert fast[:2] == want, f"{name}: kvest and reference gave {fast}, the oracle {want}"
+    return fast[0], fast[1]
+
+
+def check_exact(name: str, *args: Any, **kwargs: Any) -> tuple[str, Any]:
+    """:func:`check_same` for input the oracle must model (valid types)."""
+    assert expected(name, args, kwargs) is not None, f"the oracle does not model {args}"
+    return check_same(name, *args, **kwargs)
 
 
 # ------------------------------------------------------------------ strategies

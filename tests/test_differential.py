@@ -1,9 +1,18 @@
-"""Kernels against the reference: Hypothesis-driven, on every CPU variant."""
+"""Both implementations against the oracle (tests/oracle.py) and each other.
+
+Hypothesis-driven, on every CPU variant: each call's value (or exception type)
+must be the oracle's, and kvest and kvest.reference must raise the same
+exception with the same message.  Under KVEST_PURE_PYTHON=1 kvest.* is
+kvest.reference.*, and the oracle is what these tests check against.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+import oracle
+import pytest
 from helpers import (
+    check_exact,
     check_same,
     indices_for,
     length_arrays,
@@ -12,6 +21,9 @@ from helpers import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+import kvest
+from kvest import reference
 
 sizes = st.integers(0, 40)
 
@@ -26,21 +38,26 @@ def more_examples(factor: int) -> settings:
 def test_spec_v2_new_tokens(cpu_variant, data, n, p, r, negative):
     c = data.draw(length_arrays(n, p, negative))
     a = data.draw(length_arrays(n, p))
-    check_same("spec_v2_new_tokens", c, a, p, r, indices=data.draw(indices_for(n)))
+    check_exact("spec_v2_new_tokens", c, a, p, r, indices=data.draw(indices_for(n)))
 
 
 @given(st.data(), sizes, page_sizes, st.booleans())
 def test_decode_new_tokens(cpu_variant, data, n, p, negative):
     c = data.draw(length_arrays(n, p, negative))
-    check_same("decode_new_tokens", c, p, indices=data.draw(indices_for(n)))
+    check_exact("decode_new_tokens", c, p, indices=data.draw(indices_for(n)))
 
 
 @more_examples(3)
 @given(st.data(), sizes, page_sizes, st.booleans(), st.booleans())
 def test_num_new_pages(cpu_variant, data, n, p, decode, negative):
     s = data.draw(length_arrays(n, p, negative))
-    pre = data.draw(st.none() | length_arrays(n, p)) if decode else data.draw(length_arrays(n, p))
-    check_same("num_new_pages", s, p, pre, decode=decode)
+    if decode:
+        # Never read when decoding: any length, any sign, even not lengths at all.
+        pre = data.draw(st.none() | st.integers(0, 40).flatmap(
+            lambda m: length_arrays(m, p, negative=True)) | st.just("not read"))
+    else:
+        pre = data.draw(length_arrays(n, p))
+    check_exact("num_new_pages", s, p, pre, decode=decode)
 
 
 @given(st.data(), sizes, page_sizes, reserves, st.booleans(), st.booleans(),
@@ -49,36 +66,22 @@ def test_decode_alloc_plan(cpu_variant, data, n, p, r, aligned, negative, out_dt
     c = data.draw(length_arrays(n, p, negative))
     a = data.draw(length_arrays(n, p))
     if out_dtype is None:
-        check_same("decode_alloc_plan", c, a, p, r, page_aligned=aligned)
+        check_exact("decode_alloc_plan", c, a, p, r, page_aligned=aligned)
         return
-    # Each implementation fills its own buffers: outcomes must still agree.
-    import kvest
-    from kvest import reference
-
-    fast_out = (np.zeros(n, out_dtype), np.zeros(n, out_dtype))
-    slow_out = (np.zeros(n, out_dtype), np.zeros(n, out_dtype))
-    try:
-        fast = kvest.decode_alloc_plan(c, a, p, r, page_aligned=aligned, out=fast_out)
-    except Exception as exc:
-        fast = type(exc)
-    try:
-        slow = reference.decode_alloc_plan(c, a, p, r, page_aligned=aligned, out=slow_out)
-    except Exception as exc:
-        slow = type(exc)
-    if isinstance(slow, type):
-        assert fast is slow
-    else:
-        assert fast.cur is fast_out[0] and fast.nxt is fast_out[1]
-        assert fast_out[0].tolist() == slow_out[0].tolist()
-        assert fast_out[1].tolist() == slow_out[1].tolist()
-        assert (fast.num_tokens, fast.num_pages) == (slow.num_tokens, slow.num_pages)
+    # Both implementations fill the same buffers in turn; each plan holds them.
+    out = (np.full(n, -7, out_dtype), np.full(n, -7, out_dtype))
+    check_exact("decode_alloc_plan", c, a, p, r, page_aligned=aligned, out=out)
+    for impl in (kvest, reference):
+        try:
+            plan = impl.decode_alloc_plan(c, a, p, r, page_aligned=aligned, out=out)
+        except (ValueError, OverflowError):
+            continue
+        assert plan.cur is out[0] and plan.nxt is out[1]
 
 
 @given(st.data(), sizes, page_sizes, reserves, st.booleans())
 def test_alloc_plan_pages_match_spec_v2(cpu_variant, data, n, p, r, aligned):
     """SPEC invariant: num_pages * p == spec_v2_new_tokens, for both nxt variants."""
-    import kvest
-
     c = data.draw(length_arrays(n, p))
     a = data.draw(length_arrays(n, p))
     try:
@@ -99,22 +102,20 @@ counts = st.one_of(st.none(), st.integers(0, 70), st.sampled_from([2**31, 2**62,
 @given(st.integers(0, 5000) | st.sampled_from([2**40, 2**63 - 1]), page_sizes, counts, counts,
        counts)
 def test_spec_v1_new_tokens(n, p, steps, topk, draft):
-    check_same("spec_v1_new_tokens", n, p, steps, topk, draft)
+    check_exact("spec_v1_new_tokens", n, p, steps, topk, draft)
 
 
 @more_examples(8)
 @given(counts, counts, counts, page_sizes, st.booleans(), st.booleans())
 def test_alloc_len_per_decode(steps, topk, draft, p, speculative, has_draft_kv):
     kw = {"speculative": speculative, "has_draft_kv": has_draft_kv}
-    check_same("alloc_len_per_decode", steps, topk, draft, p, **kw)
-    check_same("alloc_reserve_per_decode", steps, topk, draft, p, **kw)
+    check_exact("alloc_len_per_decode", steps, topk, draft, p, **kw)
+    check_exact("alloc_reserve_per_decode", steps, topk, draft, p, **kw)
 
 
 @given(st.data(), st.integers(0, 40), page_sizes, reserves)
 def test_indices_equal_fancy_indexing(cpu_variant, data, n, p, r):
     """f(C, A, indices=idx) == f(C[idx], A[idx]) whenever idx is in range."""
-    import kvest
-
     c = np.array(data.draw(st.lists(st.integers(0, 2**21), min_size=n, max_size=n)), np.int64)
     a = np.array(data.draw(st.lists(st.integers(0, 2**21), min_size=n, max_size=n)), np.int64)
     idx = data.draw(st.lists(st.integers(-n, n - 1), max_size=3 * n)) if n else []
@@ -134,7 +135,96 @@ def test_large_batches(cpu_variant, data, n, p, r):
     c = rng.integers(0, hi, n)
     a = c + rng.integers(-3 * p, 3 * p + r + 1, n).clip(-c)
     for arr_c, arr_a in ((c, a), (c.astype(np.int32) if hi <= 2**31 else c, a)):
-        check_same("spec_v2_new_tokens", arr_c, arr_a, p, r)
-        check_same("decode_new_tokens", arr_c, p)
-        check_same("num_new_pages", arr_c + 1, p, arr_c // 2)
-        check_same("num_new_pages", arr_c, p, decode=True)
+        check_exact("spec_v2_new_tokens", arr_c, arr_a, p, r)
+        check_exact("decode_new_tokens", arr_c, p)
+        check_exact("num_new_pages", arr_c + 1, p, arr_c // 2)
+        check_exact("num_new_pages", arr_c, p, decode=True)
+        check_exact("decode_alloc_plan", arr_c, arr_a, p, r)
+
+
+@given(st.integers(-(2**64), 2**64) | st.integers(-50, 50), st.integers(0, 60),
+       st.integers(-(2**64), 2**64).filter(bool) | st.sampled_from([1, 2, -1, 7]), page_sizes)
+def test_ranges(start, count, step, p):
+    """A range is read without a loop, exactly, bounds included."""
+    lengths = range(start, start + count * step, step)
+    check_same("decode_new_tokens", lengths, p)
+    check_same("num_new_pages", lengths, p, decode=True)
+    check_same("spec_v2_new_tokens", lengths, lengths, p, 3, indices=range(-count, count, 3))
+
+
+# --------------------------------------------- the oracle, not the twin, decides
+
+def test_expected_values_come_from_the_oracle(monkeypatch):
+    """check_same fails when the oracle disagrees, even if kvest and the twin
+    agree: under KVEST_PURE_PYTHON=1 (kvest.X is reference.X) this is what
+    makes every differential test a real check."""
+    assert check_exact("decode_new_tokens", [16, 17, 32], 16) == ("ok", 32)
+    monkeypatch.setitem(oracle.FUNCTIONS, "decode_new_tokens", lambda *a, **k: 33)
+    with pytest.raises(AssertionError, match="oracle"):
+        check_same("decode_new_tokens", [16, 17, 32], 16)
+    monkeypatch.setitem(oracle.FUNCTIONS, "spec_v2_new_tokens",
+                        lambda *a, **k: (_ for _ in ()).throw(OverflowError))
+    with pytest.raises(AssertionError, match="oracle"):
+        check_same("spec_v2_new_tokens", [1], [1], 16, 2)
+
+
+@pytest.mark.skipif(kvest.IMPLEMENTATION != "python", reason="the pure-Python stage")
+def test_pure_python_stage_serves_the_twin():
+    for name in reference.__all__:
+        assert getattr(kvest, name) is getattr(reference, name)
+
+
+def test_oracle_is_independent_of_kvest():
+    """tests/oracle.py imports nothing from kvest: it is not the code under test."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(oracle.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom)}
+    assert not {m for m in imported if m.split(".")[0] == "kvest"}
+
+
+@pytest.mark.parametrize(("name", "args", "kwargs", "want"), [
+    ("spec_v2_new_tokens", ([2**63 - 1], [0], 16, 0), {}, OverflowError),  # ceil_align
+    ("spec_v2_new_tokens", ([2**63 - 1], [0], 1, 1), {}, OverflowError),  # C + R
+    ("spec_v2_new_tokens", ([2**62] * 2, [0, 0], 1, 0), {}, OverflowError),  # the sum
+    ("spec_v2_new_tokens", ([2**63 - 1], [0], 1, 0), {}, 2**63 - 1),
+    ("decode_new_tokens", ([0, 0], 2**62), {}, OverflowError),
+    ("num_new_pages", ([2**63 - 1] * 2, 1, [0, 0]), {}, OverflowError),
+    ("num_new_pages", ([2**63 - 1, 0], 1, [0, 2**63 - 1]), {}, 0),  # the terms cancel
+    ("spec_v1_new_tokens", (2, 1, 2**62, 1, 0), {}, OverflowError),
+    ("alloc_len_per_decode", (2**62, 2, 0, 1), {}, OverflowError),
+    ("alloc_reserve_per_decode", (2**62, 1, 0, 1), {}, OverflowError),
+    ("decode_alloc_plan", ([2**31 - 1], [0], 16, 0),
+     {"out": (np.zeros(1, np.int32), np.zeros(1, np.int32))}, OverflowError),
+    ("decode_alloc_plan", ([2**31 - 1], [0], 16, 0), {}, ([0], [2**31], 2**31, 2**27)),
+])
+def test_oracle_models_int64_overflow(name, args, kwargs, want):
+    """Overflow cases are checked against the oracle too, not only between the
+    implementations."""
+    got = check_exact(name, *args, **kwargs)
+    assert got == (("raise", want) if isinstance(want, type) else ("ok", want))
+
+
+@given(st.data(), st.integers(0, 12), st.sampled_from(["int32", "int64"]), st.booleans())
+def test_out_buffers_sharing_memory(data, n, dtype, strided):
+    """out= buffers cut from one base at random offsets, the lengths too: a
+    ValueError exactly when some out buffer shares memory with the other or
+    with an input (the compiled shortcut and the general check agree)."""
+    base = np.zeros(3 * n + 8, dtype)
+    offsets = st.integers(0, 2 * n + 8 - (2 * n if strided else n))
+    c = base[data.draw(offsets):][: 2 * n: 2 if strided else 1][:n]
+    cur = base[data.draw(st.integers(0, 2 * n + 8)):][:n]
+    nxt = base[data.draw(st.integers(0, 2 * n + 8)):][:n]
+    if len(cur) != n or len(nxt) != n or len(c) != n:
+        return
+    a = np.zeros(n, dtype)
+    shared = n > 0 and (np.shares_memory(cur, nxt) or np.shares_memory(cur, c)
+                        or np.shares_memory(nxt, c))
+    got = check_same("decode_alloc_plan", c, a, 16, 2, out=(cur, nxt))
+    assert got[0] == ("raise" if shared else "ok")
+    if shared:
+        assert got[1] is ValueError

@@ -1,17 +1,35 @@
 """Argument coercion and validation, shared by the kernels and the reference.
 
 Everything kvest accepts goes through here (the compiled module skips it only
-for contiguous native int32/int64 NumPy arrays, which need no conversion), so
-both implementations accept the same inputs and raise the same exceptions with
-the same messages.  The order of checks is part of the contract, because the
-differential tests compare which exception each implementation raises:
+for plain, contiguous, aligned native int32/int64 NumPy arrays and plain
+Python ints and bools, which need no conversion), so both implementations
+accept the same inputs and raise the same exceptions with the same messages.
+The order of checks is part of the contract, because the differential tests
+compare which exception each implementation raises, and its message:
 
-1. scalars (``page_size``, ``reserve``, ...), in signature order;
+1. scalars (``page_size``, ``reserve``, ...) and flags (``decode``,
+   ``page_aligned``, ...), in signature order;
 2. each length argument is coerced (type, 1-D, int64 range), in order;
 3. the length arguments must have equal lengths;
-4. ``indices`` are coerced and bounds-checked;
+4. ``indices`` are coerced and bounds-checked (``out`` buffers, for
+   :func:`decode_alloc_plan`, are checked here);
 5. lengths must be non-negative (:func:`first_negative`), in argument order;
-6. the computation itself may overflow int64.
+6. the computation itself may overflow int64 (row by row, in order).
+
+The rules, in one place:
+
+- a scalar is a Python int or an object with ``__index__`` (a NumPy integer);
+  bool in any form, and any array or tensor (even 0-d or with one element), is
+  a ``TypeError``;
+- a flag is ``True``/``False`` (Python or NumPy bool), nothing else;
+- a length argument is a 1-D sequence of integers: a NumPy array of an integer
+  dtype (any byte order, contiguous or not; masked arrays are refused), a list,
+  tuple or ``range`` of ints, ``array.array``, ``memoryview``, a PyTorch CPU
+  tensor that does not need grad (read through its own ``.numpy()``, so kvest
+  never imports torch), or any object exposing ``__array__`` / ``__dlpack__``;
+- whatever goes wrong while reading an argument (an ``__array__`` or
+  ``__dlpack__`` that raises, a sequence whose items cannot be read) is a
+  ``TypeError`` naming the argument, never the foreign exception.
 """
 
 from __future__ import annotations
@@ -32,21 +50,41 @@ def _describe(obj: Any) -> str:
     return type(obj).__name__
 
 
+def _is_array_like(obj: Any) -> bool:
+    """An array or tensor (NumPy scalars excepted): never a scalar, never an item."""
+    if isinstance(obj, np.generic):
+        return False
+    return isinstance(obj, np.ndarray) or hasattr(obj, "__array__") or hasattr(
+        obj, "__dlpack__")
+
+
 def as_count(value: Any, name: str, minimum: int = 0, *, optional: bool = False) -> int:
     """Return ``value`` as a Python int in ``[minimum, INT64_MAX]``.
 
     Accepts Python and NumPy integers (anything with ``__index__``) but not
-    ``bool``; ``None`` maps to 0 when ``optional`` (SGLang leaves unset
-    speculative settings as ``None``).
+    bool, and not arrays or tensors, even with one element; ``None`` maps to 0
+    when ``optional`` (SGLang leaves unset speculative settings as ``None``).
     """
     if value is None and optional:
         return 0
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an integer, not bool")
+    if _is_array_like(value):
+        raise TypeError(
+            f"{name} must be an integer, not {_describe(value)} "
+            "(an array or tensor is not a scalar, even with one element)"
+        )
     try:
         result = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an integer, not {_describe(value)}") from None
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(
+            f"{name} could not be read as an integer: {_describe(exc)}: {exc}") from exc
+    if isinstance(result, bool):  # an __index__ that returns a bool
+        raise TypeError(f"{name} must be an integer, not bool")
     if result < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {result}")
     if result > INT64_MAX:
@@ -54,14 +92,48 @@ def as_count(value: Any, name: str, minimum: int = 0, *, optional: bool = False)
     return result
 
 
+def as_flag(value: Any, name: str) -> bool:
+    """A flag: Python ``True``/``False`` or a NumPy bool scalar, nothing else.
+
+    ``"yes"``, ``1`` or a one-element array are ``TypeError``: a flag given the
+    wrong thing is a bug in the caller, not a truth value to guess.
+    """
+    if value is True or value is False:
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, not {_describe(value)}")
+
+
+def _missing_position(arr: np.ndarray) -> int | None:
+    """Where a float or object array holds NaN, None or pandas.NA, if anywhere."""
+    if arr.dtype.kind in "fc":
+        bad = np.flatnonzero(np.isnan(arr))
+        return int(bad[0]) if bad.size else None
+    if arr.dtype.kind == "O":
+        for pos, v in enumerate(arr.tolist()):
+            if v is None or type(v).__name__ in ("NAType", "NaTType") or (
+                    isinstance(v, float) and v != v):
+                return pos
+    return None
+
+
 def _from_array(arr: np.ndarray, name: str) -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got {arr.ndim}-D with shape {arr.shape}")
     kind = arr.dtype.kind
     if kind not in "iu":
+        missing = _missing_position(arr) if kind in "fcO" else None
+        if missing is not None:
+            raise TypeError(
+                f"{name} holds a missing value (NaN, None or NA) at {name}[{missing}]; "
+                "kvest needs integer lengths: fill or drop missing values first"
+            )
         raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
     if arr.dtype in _NATIVE_INT:
-        return np.ascontiguousarray(arr)
+        if arr.flags.c_contiguous and arr.flags.aligned:
+            return arr.view(np.ndarray) if type(arr) is not np.ndarray else arr
+        return np.array(arr, dtype=arr.dtype, order="C")
     if kind == "u" and arr.dtype.itemsize == 8:
         big = np.flatnonzero(arr > INT64_MAX)
         if big.size:
@@ -73,50 +145,154 @@ def _from_array(arr: np.ndarray, name: str) -> np.ndarray:
     return arr.astype(np.int32 if narrow else np.int64)
 
 
+def _from_range(r: range, name: str) -> np.ndarray:
+    """A ``range`` without reading it item by item: bounds checked exactly."""
+    start, step = r.start, r.step
+    length = max(0, -((start - r.stop) // step) if step > 0 else -((r.stop - start) // -step))
+    if length == 0:
+        return np.zeros(0, dtype=np.int64)
+    # The first position whose value leaves int64, if any (values are monotonic).
+    if not INT64_MIN <= start <= INT64_MAX:
+        bad = 0
+    elif step > 0:
+        bad = (INT64_MAX - start) // step + 1
+    else:
+        bad = (start - INT64_MIN) // -step + 1
+    if bad < length:
+        raise OverflowError(f"{name}[{bad}] = {start + bad * step} does not fit in int64")
+    # Modular (unsigned) arithmetic is exact when every value fits the signed
+    # type of the same width, which is checked here and above;
+    # np.arange(start, stop, step) is not: it sizes its result in floating
+    # point.  int32 where the values allow: half the bytes to write and read.
+    last = start + (length - 1) * step
+    narrow = min(start, last) >= -(2**31) and max(start, last) < 2**31
+    unsigned, signed, bits = (np.uint32, np.int32, 32) if narrow else (np.uint64, np.int64, 64)
+    values = np.arange(length, dtype=unsigned)
+    if step != 1:
+        values *= unsigned(step % 2**bits)
+    if start:
+        values += unsigned(start % 2**bits)
+    return values.view(signed)
+
+
+def _item(v: Any, pos: int, name: str) -> int:
+    """Item ``pos`` of a sequence as a Python int in int64 range."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{name}[{pos}] must be an integer, not bool")
+    if isinstance(v, (list, tuple)) or (
+            _is_array_like(v) and getattr(v, "ndim", 1) != 0):
+        raise ValueError(f"{name} must be 1-D, but {name}[{pos}] is a {_describe(v)}")
+    if _is_array_like(v):
+        raise TypeError(
+            f"{name}[{pos}] must be an integer, not a 0-d {_describe(v)}")
+    try:
+        iv = operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name}[{pos}] must be an integer, not {_describe(v)}") from None
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(
+            f"{name}[{pos}] could not be read as an integer: {_describe(exc)}: {exc}"
+        ) from exc
+    if isinstance(iv, bool):
+        raise TypeError(f"{name}[{pos}] must be an integer, not bool")
+    if not INT64_MIN <= iv <= INT64_MAX:
+        raise OverflowError(f"{name}[{pos}] = {iv} does not fit in int64")
+    return iv
+
+
 def _from_sequence(seq: Sequence[Any], name: str) -> np.ndarray:
-    values = list(seq)
+    # One snapshot first: a sequence that changes while it is read (another
+    # thread, an item's __index__) cannot make the count and values disagree.
+    try:
+        values = list(seq)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"{name} could not be read: {_describe(exc)}: {exc}") from exc
     if not values:
         return np.zeros(0, dtype=np.int64)
-    for pos, v in enumerate(values):
-        if isinstance(v, (bool, np.bool_)):
-            raise TypeError(f"{name}[{pos}] must be an integer, not bool")
-        if isinstance(v, (list, tuple, np.ndarray)):
-            raise ValueError(f"{name} must be 1-D, but {name}[{pos}] is a {_describe(v)}")
+    if all(type(v) is int for v in values):
         try:
-            iv = operator.index(v)
-        except TypeError:
-            raise TypeError(f"{name}[{pos}] must be an integer, not {_describe(v)}") from None
-        if not INT64_MIN <= iv <= INT64_MAX:
-            raise OverflowError(f"{name}[{pos}] = {iv} does not fit in int64")
-        values[pos] = iv
-    return np.array(values, dtype=np.int64)
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass  # the loop below names the first value out of range
+    return np.array([_item(v, pos, name) for pos, v in enumerate(values)], dtype=np.int64)
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    return (type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
+            and hasattr(obj, "requires_grad") and hasattr(obj, "device"))
+
+
+def _torch_numpy(tensor: Any, name: str) -> np.ndarray:
+    """A CPU tensor's zero-copy NumPy view, through the tensor's own method.
+
+    ``tensor.numpy()`` costs about a third of a DLPack exchange, and needs no
+    import of torch here.
+    """
+    if tensor.requires_grad:
+        raise TypeError(
+            f"{name} is a tensor that requires grad; kvest reads integer lengths "
+            "(pass tensor.detach() of an integer tensor)"
+        )
+    device = getattr(tensor.device, "type", tensor.device)
+    if device != "cpu":
+        raise TypeError(f"{name} is a tensor on {device!s}; kvest reads CPU tensors only")
+    try:
+        return tensor.numpy()
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"{name} could not be read as an array: {_describe(exc)}: {exc}") from exc
+
+
+def _read_array(obj: Any, name: str) -> np.ndarray:
+    """``obj`` as an ndarray: torch tensors, ``__array__``, buffers, ``__dlpack__``."""
+    if _is_torch_tensor(obj):
+        return _torch_numpy(obj, name)
+    try:
+        if hasattr(obj, "__array__") or _has_buffer(obj):
+            arr = np.asarray(obj)
+        else:
+            arr = np.from_dlpack(obj)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"{name} could not be read as an array: {_describe(exc)}: {exc}") from exc
+    if isinstance(arr, np.ma.MaskedArray):
+        raise _masked(name)
+    return arr
+
+
+def _masked(name: str) -> TypeError:
+    return TypeError(
+        f"{name} is a masked array; kvest never reads values its caller masked out "
+        "(pass .compressed() or .filled(value))"
+    )
 
 
 def as_lengths(obj: Any, name: str) -> np.ndarray:
-    """Return ``obj`` as a contiguous native int32 or int64 1-D array.
+    """Return ``obj`` as a plain, contiguous, aligned native int32 or int64 1-D array.
 
-    Contiguous int32/int64 arrays come back as they are (no copy); other integer
-    dtypes, byte-swapped and strided arrays are converted.  Negative values pass
-    (see :func:`first_negative`): the caller checks them after all coercion.
+    Such arrays come back as they are (no copy); other integer dtypes,
+    byte-swapped, misaligned and strided arrays are converted.  Negative values
+    pass (see :func:`first_negative`): the caller checks them after all coercion.
     """
     if isinstance(obj, np.ndarray):
+        if isinstance(obj, np.ma.MaskedArray):
+            raise _masked(name)
         return _from_array(obj, name)
+    if isinstance(obj, (list, tuple)):
+        return _from_sequence(obj, name)
+    if isinstance(obj, range):
+        return _from_range(obj, name)
     if isinstance(obj, (str, bytes, bytearray)):
         raise TypeError(f"{name} must be a 1-D sequence of integers, not {_describe(obj)}")
-    if isinstance(obj, (list, tuple, range)):
-        return _from_sequence(obj, name)
-    if isinstance(obj, memoryview) or hasattr(obj, "__array__") or _has_buffer(obj):
-        try:
-            arr = np.asarray(obj)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"{name} could not be read as an array: {exc}") from None
-        return _from_array(arr, name)
-    if hasattr(obj, "__dlpack__"):
-        try:
-            arr = np.from_dlpack(obj)
-        except (TypeError, ValueError, RuntimeError, BufferError) as exc:
-            raise TypeError(f"{name} could not be read through __dlpack__: {exc}") from None
-        return _from_array(arr, name)
+    if (isinstance(obj, memoryview) or hasattr(obj, "__array__") or _has_buffer(obj)
+            or hasattr(obj, "__dlpack__")):
+        return _from_array(_read_array(obj, name), name)
     if isinstance(obj, Sequence):
         return _from_sequence(obj, name)
     raise TypeError(f"{name} must be a 1-D sequence of integers, not {_describe(obj)}")
@@ -131,7 +307,7 @@ def _has_buffer(obj: Any) -> bool:
 
 
 def check_same_length(
-    first: np.ndarray, first_name: str, other: np.ndarray, other_name: str
+    first: Any, first_name: str, other: Any, other_name: str
 ) -> None:
     if len(first) != len(other):
         raise ValueError(
@@ -175,24 +351,80 @@ def result_int64(value: int, what: str) -> int:
     return value
 
 
-def as_out(out: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Check ``out=(cur, nxt)`` buffers for :func:`decode_alloc_plan`, or make them."""
+def _out_buffer(buf: Any, name: str, n: int) -> np.ndarray:
+    """One ``out`` buffer as the ndarray kvest writes through (zero-copy)."""
+    if isinstance(buf, np.ma.MaskedArray):
+        raise TypeError(f"{name} must be a plain NumPy array or CPU tensor, not a masked array")
+    if isinstance(buf, np.ndarray):
+        arr = buf
+    elif _is_torch_tensor(buf):
+        arr = _torch_numpy(buf, name)
+    elif hasattr(buf, "__dlpack__"):
+        try:
+            arr = np.from_dlpack(buf)
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise TypeError(
+                f"{name} could not be read through __dlpack__: {_describe(exc)}: {exc}"
+            ) from exc
+    else:
+        raise TypeError(f"{name} must be a NumPy array or a CPU tensor, not {_describe(buf)}")
+    if arr.dtype not in _NATIVE_INT:
+        raise TypeError(f"{name} must have dtype int32 or int64, got {arr.dtype}")
+    if arr.ndim != 1 or len(arr) != n:
+        raise ValueError(f"{name} must be 1-D with {n} entries, got shape {arr.shape}")
+    if not (arr.flags.c_contiguous and arr.flags.aligned):
+        raise ValueError(f"{name} must be C-contiguous and aligned")
+    if not arr.flags.writeable:
+        raise ValueError(f"{name} is read-only")
+    return arr
+
+
+def _overlap(x: np.ndarray, y: np.ndarray) -> bool:
+    # Bounds first (constant time), then the exact test for strided arrays.
+    return bool(np.may_share_memory(x, y)) and bool(np.shares_memory(x, y))
+
+
+def as_out(out: Any, n: int, *inputs: tuple[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Check ``out=(cur, nxt)`` buffers for :func:`decode_alloc_plan`, or make them.
+
+    Each buffer is a NumPy array or a CPU tensor (written through a zero-copy
+    view) of ``n`` native int32 or int64 values, C-contiguous and writable;
+    both have the same dtype.  They may not overlap each other, nor any array
+    in ``inputs`` (``(name, array)`` pairs: the arrays a call reads): kvest
+    never writes to its inputs, and a plan written over what it still reads
+    would be wrong.
+    """
     if out is None:
         return np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     if not (isinstance(out, tuple) and len(out) == 2):
-        raise TypeError("out must be a tuple (cur, nxt) of two NumPy arrays")
-    for name, buf in zip(("out[0]", "out[1]"), out, strict=True):
-        if not isinstance(buf, np.ndarray):
-            raise TypeError(f"{name} must be a NumPy array, not {_describe(buf)}")
-        if buf.dtype not in _NATIVE_INT:
-            raise TypeError(f"{name} must have dtype int32 or int64, got {buf.dtype}")
-        if buf.ndim != 1 or len(buf) != n:
-            raise ValueError(f"{name} must be 1-D with {n} entries, got shape {buf.shape}")
-        if not buf.flags.c_contiguous:
-            raise ValueError(f"{name} must be C-contiguous")
-        if not buf.flags.writeable:
-            raise ValueError(f"{name} is read-only")
-    return out[0], out[1]
+        raise TypeError("out must be a tuple (cur, nxt) of two arrays")
+    cur = _out_buffer(out[0], "out[0]", n)
+    nxt = _out_buffer(out[1], "out[1]", n)
+    if cur.dtype != nxt.dtype:
+        raise TypeError(
+            f"out[0] and out[1] must have the same dtype, got {cur.dtype} and {nxt.dtype}")
+    if n and _overlap(cur, nxt):
+        raise ValueError("out[0] and out[1] overlap in memory; pass two separate buffers")
+    arrays: dict[int, tuple[str, np.ndarray]] = {}
+    for input_name, arr in inputs:
+        if isinstance(arr, np.ndarray):
+            arrays.setdefault(id(arr), (input_name, arr))
+    for name, buf in (("out[0]", cur), ("out[1]", nxt)):
+        for input_name, arr in arrays.values():
+            if n and _overlap(buf, arr):
+                raise ValueError(
+                    f"{name} overlaps {input_name} in memory; kvest never writes to its inputs")
+    return cur, nxt
+
+
+def as_reqs(reqs: Any) -> Any:
+    """``reqs`` checked to be an iterable of request objects (returned as is)."""
+    if isinstance(reqs, (str, bytes, bytearray)) or not hasattr(reqs, "__iter__"):
+        raise TypeError(
+            f"reqs must be a sequence of request objects, not {_describe(reqs)}")
+    return reqs
 
 
 def req_length(req: Any, pos: int, attr: str) -> int:
@@ -209,6 +441,16 @@ def req_length(req: Any, pos: int, attr: str) -> int:
             value = getattr(req.kv, attr)
         except AttributeError:
             raise AttributeError(f"reqs[{pos}] has neither .{attr} nor .kv.{attr}") from None
+        except MemoryError:
+            raise
+        except Exception as exc:  # a property of the caller's that fails
+            raise TypeError(
+                f"reqs[{pos}].kv.{attr} could not be read: {_describe(exc)}: {exc}") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(
+            f"reqs[{pos}].{attr} could not be read: {_describe(exc)}: {exc}") from exc
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"reqs[{pos}].{attr} must be an integer, not bool")
     try:

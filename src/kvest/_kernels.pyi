@@ -7,7 +7,12 @@ import numpy.typing as npt
 
 from kvest._types import AllocPlan
 
-Lengths = npt.ArrayLike | Sequence[int] | Any  # Any: objects with __array__ / __dlpack__
+Lengths = npt.ArrayLike | Sequence[int] | range | Any  # Any: __array__ / __dlpack__ objects
+# out= buffers: int32 or int64 (both the same), NumPy arrays or CPU tensors (Any).
+OutBuffers = (
+    tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]
+    | tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | tuple[Any, Any]
+)
 
 __all__: list[str]
 
@@ -38,7 +43,5 @@ def alloc_reserve_per_decode(
 ) -> int: ...
 def decode_alloc_plan(
     committed: Lengths, allocated: Lengths, page_size: int, reserve: int, *,
-    page_aligned: bool = True,
-    out: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]
-    | tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None,
+    page_aligned: bool = True, out: OutBuffers | None = None,
 ) -> AllocPlan: ...

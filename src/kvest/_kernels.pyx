@@ -46,6 +46,8 @@ import os
 import numpy as np
 
 from kvest._inputs import (
+    INT64_MAX as _INT64_MAX,
+    as_flag,
     as_indices,
     as_lengths,
     as_out,
@@ -118,13 +120,26 @@ if os.environ.get("KVEST_CPU", "").strip():
 # ------------------------------------------------------------ argument parsing
 
 cdef inline cnp.ndarray _lengths(object obj, str name):
-    """obj as a contiguous native int32/int64 array; such arrays pass as they are."""
-    if (cnp.PyArray_Check(obj) and cnp.PyArray_NDIM(<cnp.ndarray>obj) == 1
+    """obj as a contiguous native int32/int64 array; such arrays pass as they are.
+
+    Only a plain ndarray takes the shortcut: a subclass (a masked array, whose
+    data holds values its caller masked out) goes through the input rules.
+    """
+    if (cnp.PyArray_CheckExact(obj) and cnp.PyArray_NDIM(<cnp.ndarray>obj) == 1
             and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>obj)
             and cnp.PyArray_ISSIGNED(<cnp.ndarray>obj)
             and cnp.PyArray_ITEMSIZE(<cnp.ndarray>obj) >= 4):
         return <cnp.ndarray>obj
     return <cnp.ndarray>as_lengths(obj, name)
+
+
+cdef inline bint _flag(object value, str name) except -1:
+    """A flag argument: True or False (Python or NumPy bool), nothing else."""
+    if value is True:
+        return True
+    if value is False:
+        return False
+    return as_flag(value, name)
 
 
 cdef inline const void *_data(cnp.ndarray arr) noexcept:
@@ -244,9 +259,33 @@ def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
             bad = _spec_v2_checked(<const int64_t *>cp, <const int64_t *>ap, n, idx, m, p, r,
                                    &total)
     if bad:
-        raise OverflowError(f"spec_v2_new_tokens: at selected row {bad - 1} an intermediate "
-                            "value or the running total does not fit in int64")
+        _spec_v2_overflow(c, a, p, r, sel, bad - 1)
     return total
+
+
+def _ceil_div_int(x, p):
+    return -(-x // p)
+
+
+def _spec_v2_overflow(c, a, p, r, sel, last):
+    """Raise the OverflowError the checked loop found at selected row ``last``,
+    worded as the reference words it: the rows up to it, in Python ints."""
+    n = len(c)
+    rows = range(last + 1) if sel is None else [int(i) % n for i in sel[:last + 1]]
+    total = 0
+    for i in rows:
+        ci, ai = int(c[i]), int(a[i])
+        if ci + r > _INT64_MAX:
+            raise OverflowError(f"committed[{i}] + reserve = {ci + r} does not fit in int64")
+        need = _ceil_div_int(max(ai, ci + r), p) * p
+        if need > _INT64_MAX:
+            raise OverflowError(f"ceil_align(max(allocated[{i}], committed[{i}] + reserve), "
+                                f"page_size) = {need} does not fit in int64")
+        total += need - _ceil_div_int(ai, p) * p
+        if total > _INT64_MAX:
+            raise OverflowError(f"spec_v2_new_tokens: the running total {total} at row {i} "
+                                "does not fit in int64")
+    raise AssertionError("the checked loop reported an overflow that is not there")
 
 
 cdef object _mod_count(object lengths, str name, int64_t p, int64_t want, object indices):
@@ -300,22 +339,22 @@ def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
     like SGLang's decode special case this is 0 when ``p == 1``.
     """
     cdef int64_t p = _count(page_size, "page_size", 1)
-    cdef cnp.ndarray s = _lengths(seq_lens, "seq_lens")
-    cdef cnp.ndarray pre
-    cdef int64_t n = _len(s), total
+    cdef bint decoding = _flag(decode, "decode")
+    cdef cnp.ndarray s, pre
+    cdef int64_t n, total
     cdef uint64_t pages, bits
     cdef kv_divisor d
-    if prefix_lens is None and not decode:
+    if decoding:
+        # SGLang's get_num_new_pages never reads prefix_lens when decoding:
+        # neither does kvest (no coercion, no length or sign check).
+        return _mod_count(seq_lens, "seq_lens", p, 1, None)
+    if prefix_lens is None:
         raise ValueError("num_new_pages needs prefix_lens unless decode=True")
-    if prefix_lens is not None:
-        pre = _lengths(prefix_lens, "prefix_lens")
-        if _len(pre) != n:
-            check_same_length(s, "seq_lens", pre, "prefix_lens")
-        if decode:
-            first_negative(s, "seq_lens")
-            first_negative(pre, "prefix_lens")
-    if decode:
-        return _mod_count(s, "seq_lens", p, 1, None)
+    s = _lengths(seq_lens, "seq_lens")
+    n = _len(s)
+    pre = _lengths(prefix_lens, "prefix_lens")
+    if _len(pre) != n:
+        check_same_length(s, "seq_lens", pre, "prefix_lens")
     if _width(s) != _width(pre):
         s, pre = s.astype(np.int64), pre.astype(np.int64)
     cdef const void *sp = _data(s)
@@ -338,7 +377,9 @@ def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
         else:
             bad = _extend_checked(<const int64_t *>sp, <const int64_t *>pp, n, p, &total)
     if bad:
-        raise OverflowError("num_new_pages: the result does not fit in int64")
+        exact = sum(_ceil_div_int(x, p) - _ceil_div_int(y, p)
+                    for x, y in zip(s.tolist(), pre.tolist()))
+        raise OverflowError(f"num_new_pages = {exact} does not fit in int64")
     return total
 
 
@@ -383,10 +424,12 @@ def alloc_len_per_decode(num_steps, topk, num_draft_tokens, page_size, *,
     cdef int64_t k = _optional(topk, "topk") or 1
     cdef int64_t t = _optional(num_draft_tokens, "num_draft_tokens")
     cdef int64_t p = _count(page_size, "page_size", 1)
+    cdef bint spec = _flag(speculative, "speculative")
+    cdef bint draft_kv = _flag(has_draft_kv, "has_draft_kv")
     cdef int64_t span
-    if not speculative:
+    if not spec:
         return 1
-    if p == 1 or k == 1 or not has_draft_kv:
+    if p == 1 or k == 1 or not draft_kv:
         span = _fits_mul(s, k, "num_steps * topk")
     else:
         span = _ceil_div(_fits_add(p - 1, s, "page_size - 1 + num_steps"), p)
@@ -473,31 +516,33 @@ def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=
     (``page_aligned``) or ``nxt = max(A[i], C[i] + R)``; returns both arrays,
     ``num_tokens = sum(nxt - cur)`` and
     ``num_pages = sum(ceil_div(nxt, p) - ceil_div(cur, p))``.  ``out=(cur, nxt)``
-    fills preallocated int32 or int64 arrays instead (their contents are
-    unspecified if the call raises).  ``num_pages * p`` always equals
-    :func:`spec_v2_new_tokens` on the same inputs.
+    fills preallocated buffers instead: NumPy arrays or CPU tensors, both int32
+    or both int64, separate from each other and from the inputs (their contents
+    are unspecified if the call raises); the plan then holds those objects.
+    ``num_pages * p`` always equals :func:`spec_v2_new_tokens` on the same inputs.
     """
     cdef int64_t p = _count(page_size, "page_size", 1)
     cdef int64_t r = _count(reserve, "reserve", 0)
+    cdef bint aligned = _flag(page_aligned, "page_aligned")
     cdef cnp.ndarray c = _lengths(committed, "committed")
     cdef cnp.ndarray a = _lengths(allocated, "allocated")
     cdef int64_t n = _len(c), row = 0
     cdef int64_t sums[2]
     cdef int code
+    cdef cnp.ndarray cur_buf, nxt_buf
     if _len(a) != n:
         check_same_length(c, "committed", a, "allocated")
-    cur_out, nxt_out = as_out(out, n)
-    if _width(cur_out) != _width(nxt_out):
-        # Mixed output widths are rare: fill an int64 plan and copy it over.
-        plan = decode_alloc_plan(c, a, p, r, page_aligned=page_aligned)
-        cur_out[...] = _checked_cast(plan.cur, cur_out, "out[0]")
-        nxt_out[...] = _checked_cast(plan.nxt, nxt_out, "out[1]")
-        return AllocPlan(cur_out, nxt_out, plan.num_tokens, plan.num_pages)
+    if out is None:
+        cur_buf, nxt_buf = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    elif _plain_out(out, n, committed, allocated, c, a):
+        cur_buf, nxt_buf = out
+    else:
+        # Both buffers have one dtype; neither overlaps the other or an input
+        # (what the caller passed, or what kvest reads in its place).
+        cur_buf, nxt_buf = as_out(out, n, ("committed", committed), ("allocated", allocated),
+                                  ("committed", c), ("allocated", a))
     if _width(c) != _width(a):
         c, a = c.astype(np.int64), a.astype(np.int64)
-    cdef cnp.ndarray cur_buf = cur_out
-    cdef cnp.ndarray nxt_buf = nxt_out
-    cdef bint aligned = bool(page_aligned)
     if _width(c) == 4:
         code = _plan_into(<const int32_t *>_data(c), <const int32_t *>_data(a), n, p, r,
                           aligned, cur_buf, nxt_buf, sums, &row)
@@ -508,19 +553,79 @@ def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=
         # A negative length anywhere is reported first, as the reference does.
         first_negative(c, "committed")
         first_negative(a, "allocated")
-        if code == PLAN_CUR_RANGE:
-            raise OverflowError(f"out[0][{row}] = {int(a[row])} does not fit its dtype")
-        if code == PLAN_NXT_RANGE:
-            raise OverflowError(f"out[1][{row}] does not fit its dtype")
-        raise OverflowError(f"decode_alloc_plan: at row {row} an intermediate value or a "
-                            "total does not fit in int64")
-    return AllocPlan(cur_out, nxt_out, sums[0], sums[1])
+        _plan_overflow(c, a, p, r, aligned, cur_buf.dtype, row)
+    if out is None:
+        return AllocPlan(cur_buf, nxt_buf, sums[0], sums[1])
+    # The caller's own objects (arrays or tensors), now filled.
+    return AllocPlan(out[0], out[1], sums[0], sums[1])
 
 
-def _checked_cast(values, buf, name):
-    info = np.iinfo(buf.dtype)
-    over = np.flatnonzero(values > info.max)
-    if over.size:
-        pos = int(over[0])
-        raise OverflowError(f"{name}[{pos}] = {int(values[pos])} does not fit its dtype")
-    return values
+cdef inline bint _plain_buffer(object buf, int64_t n) noexcept:
+    """An out buffer as_out takes as it is: a plain ndarray of n native int32 or
+    int64, C-contiguous, aligned and writable."""
+    if not cnp.PyArray_CheckExact(buf):
+        return False
+    cdef cnp.ndarray arr = <cnp.ndarray>buf
+    return (cnp.PyArray_NDIM(arr) == 1 and cnp.PyArray_DIMS(arr)[0] == n
+            and cnp.PyArray_ISCARRAY(arr) and cnp.PyArray_ISSIGNED(arr)
+            and cnp.PyArray_ITEMSIZE(arr) >= 4)
+
+
+cdef inline bint _apart(cnp.ndarray x, cnp.ndarray y) noexcept:
+    """Two C-contiguous arrays whose bytes do not overlap."""
+    cdef char *x0 = <char *>cnp.PyArray_DATA(x)
+    cdef char *y0 = <char *>cnp.PyArray_DATA(y)
+    return (x0 + cnp.PyArray_NBYTES(x) <= y0 or y0 + cnp.PyArray_NBYTES(y) <= x0
+            or cnp.PyArray_NBYTES(x) == 0 or cnp.PyArray_NBYTES(y) == 0)
+
+
+cdef bint _plain_out(object out, int64_t n, object committed, object allocated,
+                     cnp.ndarray c, cnp.ndarray a) except -1:
+    """True when out=(cur, nxt) passes every check of as_out by pointer
+    arithmetic alone: the common case, a few nanoseconds instead of a few
+    microseconds.  False sends the call through as_out, which decides (and
+    words the error)."""
+    if not (type(out) is tuple and len(<tuple>out) == 2):
+        return False
+    cur, nxt = <tuple>out
+    if not (_plain_buffer(cur, n) and _plain_buffer(nxt, n)):
+        return False
+    if cnp.PyArray_TYPE(<cnp.ndarray>cur) != cnp.PyArray_TYPE(<cnp.ndarray>nxt):
+        return False
+    if not _apart(cur, nxt):
+        return False
+    for arr in (c, a, committed, allocated):
+        if cnp.PyArray_Check(arr):
+            # The caller's own array: only a contiguous one has a byte range.
+            if not cnp.PyArray_ISCONTIGUOUS(<cnp.ndarray>arr):
+                return False
+            if not (_apart(cur, arr) and _apart(nxt, arr)):
+                return False
+    return True
+
+
+def _plan_overflow(c, a, p, r, aligned, dtype, last):
+    """Raise the OverflowError the plan loop found at row ``last``, worded as
+    the reference words it: the rows up to it, in Python ints."""
+    limit = int(np.iinfo(dtype).max)
+    tokens = 0
+    for i in range(last + 1):
+        ci, ai = int(c[i]), int(a[i])
+        need = ci + r
+        if need > _INT64_MAX:
+            raise OverflowError(f"committed[{i}] + reserve = {need} does not fit in int64")
+        if aligned:
+            need = _ceil_div_int(need, p) * p
+            if need > _INT64_MAX:
+                raise OverflowError(f"ceil_align(committed[{i}] + reserve, page_size) = {need} "
+                                    "does not fit in int64")
+        need = max(ai, need)
+        if ai > limit:
+            raise OverflowError(f"out[0][{i}] = {ai} does not fit in {dtype}")
+        if need > limit:
+            raise OverflowError(f"out[1][{i}] = {need} does not fit in {dtype}")
+        tokens += need - ai
+        if tokens > _INT64_MAX:
+            raise OverflowError(f"num_tokens: the running total {tokens} at row {i} "
+                                "does not fit in int64")
+    raise AssertionError("the plan loop reported an overflow that is not there")

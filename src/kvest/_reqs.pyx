@@ -25,7 +25,7 @@ from kvest._common cimport (
     kv_divisor_init,
 )
 
-from kvest._inputs import req_length
+from kvest._inputs import as_reqs, req_length
 from kvest._names import REQ_FUNCTIONS
 
 __all__ = list(REQ_FUNCTIONS)
@@ -82,6 +82,8 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve):
     Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
     flat on the request or nested under ``req.kv``.
     """
+    if type(reqs) is not list:  # a list is what schedulers pass: no call for it
+        reqs = as_reqs(reqs)
     cdef int64_t p = _count(page_size, "page_size", 1)
     cdef int64_t r = _count(reserve, "reserve", 0)
     cdef int64_t c = 0, a = 0, need, tokens, total = 0
@@ -114,6 +116,8 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve):
 
 def decode_new_tokens_from_reqs(reqs, page_size):
     """:func:`decode_new_tokens` read straight from request objects."""
+    if type(reqs) is not list:  # a list is what schedulers pass: no call for it
+        reqs = as_reqs(reqs)
     cdef int64_t p = _count(page_size, "page_size", 1)
     cdef uint64_t pages = 0
     cdef Py_ssize_t pos = 0

@@ -78,22 +78,57 @@ def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: 
     return 1 if failures else 0
 
 
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum, or a usage error (exit status 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+DEFAULT_PLOT = "bench.png"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line: the demo's flags, and the ``bench`` subcommand's."""
+    top = argparse.ArgumentParser(prog="python -m kvest", description=__doc__)
+    sub = top.add_subparsers(dest="command")
+    top.add_argument("--requests", type=_int_at_least(1), default=1024,
+                     help="requests in the demo's decode batch (default 1024)")
+    top.add_argument("--page-size", type=_int_at_least(1), default=16,
+                     help="KV-cache page size in tokens (default 16)")
+    top.add_argument("--config", type=_int_at_least(0), nargs=3, default=(3, 2, 6),
+                     metavar=("STEPS", "TOPK", "DRAFT"),
+                     help="speculative config: steps, topk, draft tokens (default 3 2 6)")
+    top.add_argument("--seed", type=_int_at_least(0), default=0,
+                     help="seed of the random batch (default 0)")
+    bench = sub.add_parser(
+        "bench", help="benchmark kvest against the alternatives",
+        description="Time kvest beside a per-request Python loop, NumPy, the reference "
+                    "and a memory-bandwidth floor; print the table and the targets.")
+    bench.add_argument("--quick", action="store_true",
+                       help="a short run (a few seconds): spec_v2 only, fewer sizes and "
+                            "samples")
+    bench.add_argument("--plot", metavar="FILE.png", nargs="?", const=DEFAULT_PLOT,
+                       help="also draw time per request (needs matplotlib); FILE.png "
+                            f"defaults to {DEFAULT_PLOT}")
+    bench.add_argument("--markdown", metavar="FILE.md",
+                       help="also write the table as Markdown to FILE.md")
+    return top
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvest", description=__doc__)
-    sub = parser.add_subparsers(dest="command")
-    parser.add_argument("--requests", type=int, default=1024)
-    parser.add_argument("--page-size", type=int, default=16)
-    parser.add_argument("--config", type=int, nargs=3, default=(3, 2, 6),
-                        metavar=("STEPS", "TOPK", "DRAFT"))
-    parser.add_argument("--seed", type=int, default=0)
-    bench = sub.add_parser("bench", help="benchmark kvest against the alternatives")
-    bench.add_argument("--quick", action="store_true", help="a run under 30 seconds")
-    bench.add_argument("--plot", metavar="FILE.png", help="draw time per request (matplotlib)")
-    bench.add_argument("--markdown", metavar="FILE.md", help="also write the table as Markdown")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if args.command == "bench":
         from kvest._bench import run
 
         return run(quick=args.quick, plot_path=args.plot, markdown=args.markdown)
     return demo(args.requests, args.page_size, tuple(args.config), args.seed)
-

@@ -9,6 +9,11 @@ Integers are exact, but results follow int64 semantics: where a value named in
 a formula (an input, an intermediate such as ``C[i] + R`` or
 ``ceil_align(x, p)``, or the result) falls outside int64, the function raises
 ``OverflowError`` instead of returning a number no int64 scheduler could hold.
+Rows are checked in order, and within a row in the order the formula names its
+values, so the first value out of range is the one reported; sums whose terms
+are never negative are checked as they run (the first row where the running
+total leaves int64), the signed sum of ``num_new_pages`` only at the end.  The
+compiled kernels report the same row with the same message.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import numpy as np
 from kvest._inputs import (
     INT64_MAX,
     as_count,
+    as_flag,
     as_indices,
     as_lengths,
     as_out,
@@ -78,14 +84,19 @@ def spec_v2_new_tokens(
     r = as_count(reserve, "reserve", 0)
     c = _lengths(committed, "committed")
     a = _lengths(allocated, "allocated")
-    check_same_length(np.asarray(c), "committed", np.asarray(a), "allocated")
+    check_same_length(c, "committed", a, "allocated")
     rows = _rows(len(c), indices)
     _nonnegative((c, "committed"), (a, "allocated"), rows=rows)
     total = 0
     for i in rows:
         nxt = max(a[i], _fits(c[i] + r, f"committed[{i}] + reserve"))
-        total += _fits(ceil_align(nxt, p), f"row {i}: ceil_align") - ceil_align(a[i], p)
-    return result_int64(total, "spec_v2_new_tokens")
+        need = _fits(ceil_align(nxt, p), f"ceil_align(max(allocated[{i}], committed[{i}] "
+                     "+ reserve), page_size)")
+        total += need - ceil_align(a[i], p)
+        if total > INT64_MAX:
+            raise OverflowError(f"spec_v2_new_tokens: the running total {total} at row {i} "
+                                "does not fit in int64")
+    return total
 
 
 def decode_new_tokens(committed: Any, page_size: int, indices: Any = None) -> int:
@@ -144,22 +155,24 @@ def num_new_pages(
     like SGLang's decode special case this is 0 when ``p == 1``.
     """
     p = as_count(page_size, "page_size", 1)
-    s = _lengths(seq_lens, "seq_lens")
-    if prefix_lens is None and not decode:
+    if as_flag(decode, "decode"):
+        # As SGLang's get_num_new_pages: prefix_lens is not read at all.
+        s = _lengths(seq_lens, "seq_lens")
+        _nonnegative((s, "seq_lens"))
+        pages = 0
+        for length in s:
+            if length % p == 1:
+                pages += 1
+        return pages
+    if prefix_lens is None:
         raise ValueError("num_new_pages needs prefix_lens unless decode=True")
-    pre = None
-    if prefix_lens is not None:
-        pre = _lengths(prefix_lens, "prefix_lens")
-        check_same_length(np.asarray(s), "seq_lens", np.asarray(pre), "prefix_lens")
-    _nonnegative((s, "seq_lens"), *([(pre, "prefix_lens")] if pre is not None else []))
+    s = _lengths(seq_lens, "seq_lens")
+    pre = _lengths(prefix_lens, "prefix_lens")
+    check_same_length(s, "seq_lens", pre, "prefix_lens")
+    _nonnegative((s, "seq_lens"), (pre, "prefix_lens"))
     pages = 0
     for i in range(len(s)):
-        if decode:
-            if s[i] % p == 1:
-                pages += 1
-        else:
-            assert pre is not None
-            pages += ceil_div(s[i], p) - ceil_div(pre[i], p)
+        pages += ceil_div(s[i], p) - ceil_div(pre[i], p)
     return result_int64(pages, "num_new_pages")
 
 
@@ -178,6 +191,8 @@ def alloc_len_per_decode(
     k = as_count(topk, "topk", optional=True) or 1
     t = as_count(num_draft_tokens, "num_draft_tokens", optional=True)
     p = as_count(page_size, "page_size", 1)
+    speculative = as_flag(speculative, "speculative")
+    has_draft_kv = as_flag(has_draft_kv, "has_draft_kv")
     if not speculative:
         return 1
     if p == 1 or k == 1 or not has_draft_kv:
@@ -201,7 +216,7 @@ def alloc_reserve_per_decode(
 
 def decode_alloc_plan(
     committed: Any, allocated: Any, page_size: int, reserve: int, *,
-    page_aligned: bool = True, out: tuple[np.ndarray, np.ndarray] | None = None,
+    page_aligned: bool = True, out: tuple[Any, Any] | None = None,
 ) -> AllocPlan:
     """The spec-v2 decode allocation itself, in one pass.
 
@@ -209,31 +224,42 @@ def decode_alloc_plan(
     (``page_aligned``) or ``nxt = max(A[i], C[i] + R)``; returns both arrays,
     ``num_tokens = sum(nxt - cur)`` and
     ``num_pages = sum(ceil_div(nxt, p) - ceil_div(cur, p))``.  ``out=(cur, nxt)``
-    fills preallocated int32 or int64 arrays instead (their contents are
-    unspecified if the call raises).  ``num_pages * p`` always equals
-    :func:`spec_v2_new_tokens` on the same inputs.
+    fills preallocated buffers instead: NumPy arrays or CPU tensors, both int32
+    or both int64, separate from each other and from the inputs (their contents
+    are unspecified if the call raises); the plan then holds those objects.
+    ``num_pages * p`` always equals :func:`spec_v2_new_tokens` on the same inputs.
     """
     p = as_count(page_size, "page_size", 1)
     r = as_count(reserve, "reserve", 0)
-    c = _lengths(committed, "committed")
-    a = _lengths(allocated, "allocated")
-    check_same_length(np.asarray(c), "committed", np.asarray(a), "allocated")
-    cur_out, nxt_out = as_out(out, len(c))
+    aligned = as_flag(page_aligned, "page_aligned")
+    c_arr = as_lengths(committed, "committed")
+    a_arr = as_lengths(allocated, "allocated")
+    check_same_length(c_arr, "committed", a_arr, "allocated")
+    if out is None:
+        cur_out, nxt_out = np.empty(len(c_arr), np.int64), np.empty(len(c_arr), np.int64)
+    else:
+        cur_out, nxt_out = as_out(
+            out, len(c_arr), ("committed", committed), ("allocated", allocated),
+            ("committed", c_arr), ("allocated", a_arr))
+    c, a = c_arr.tolist(), a_arr.tolist()
     _nonnegative((c, "committed"), (a, "allocated"))
-    limits = [np.iinfo(buf.dtype).max for buf in (cur_out, nxt_out)]
+    limit = np.iinfo(cur_out.dtype).max
     tokens = pages = 0
     for i in range(len(c)):
         need = _fits(c[i] + r, f"committed[{i}] + reserve")
-        if page_aligned:
-            need = _fits(ceil_align(need, p), f"row {i}: ceil_align")
+        if aligned:
+            need = _fits(ceil_align(need, p), f"ceil_align(committed[{i}] + reserve, page_size)")
         cur, nxt = a[i], max(a[i], need)
-        for value, limit, name in ((cur, limits[0], "out[0]"), (nxt, limits[1], "out[1]")):
-            if value > limit:
-                raise OverflowError(f"{name}[{i}] = {value} does not fit its dtype")
+        if cur > limit:
+            raise OverflowError(f"out[0][{i}] = {cur} does not fit in {cur_out.dtype}")
+        if nxt > limit:
+            raise OverflowError(f"out[1][{i}] = {nxt} does not fit in {nxt_out.dtype}")
         cur_out[i], nxt_out[i] = cur, nxt
         tokens += nxt - cur
-        pages += ceil_div(nxt, p) - ceil_div(cur, p)
-    return AllocPlan(
-        cur_out, nxt_out,
-        result_int64(tokens, "num_tokens"), result_int64(pages, "num_pages"),
-    )
+        if tokens > INT64_MAX:
+            raise OverflowError(f"num_tokens: the running total {tokens} at row {i} "
+                                "does not fit in int64")
+        pages += ceil_div(nxt, p) - ceil_div(cur, p)  # <= tokens: fits too
+    if out is None:
+        return AllocPlan(cur_out, nxt_out, tokens, pages)
+    return AllocPlan(out[0], out[1], tokens, pages)

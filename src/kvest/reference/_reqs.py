@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvest._inputs import INT64_MAX, as_count, req_length, result_int64
+from kvest._inputs import INT64_MAX, as_count, as_reqs, req_length, result_int64
 from kvest._names import REQ_FUNCTIONS
 
 __all__ = list(REQ_FUNCTIONS)
@@ -32,6 +32,7 @@ def spec_v2_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int, reserve: i
     Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
     flat on the request or nested under ``req.kv``.
     """
+    reqs = as_reqs(reqs)
     p = as_count(page_size, "page_size", 1)
     r = as_count(reserve, "reserve", 0)
     total = 0
@@ -46,6 +47,7 @@ def spec_v2_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int, reserve: i
 
 def decode_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int) -> int:
     """:func:`decode_new_tokens` read straight from request objects."""
+    reqs = as_reqs(reqs)
     p = as_count(page_size, "page_size", 1)
     pages = 0
     for pos, req in enumerate(reqs):

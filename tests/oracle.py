@@ -1,0 +1,288 @@
+"""The contract's formulas in plain Python ints: the tests' own oracle.
+
+Nothing here comes from kvest (not even its input rules): every function is
+written from the contract (docs, SPEC) with arbitrary-precision ints, so that
+both implementations -- the compiled kernels and the pure-Python twin -- are
+checked against something that is neither of them.
+
+The oracle models what the contract says about valid input:
+
+- the value, exactly;
+- ``OverflowError`` when an input, or a value the formula names (``C + R``,
+  ``ceil_align(...)``, a product, the result), lies outside int64;
+- ``ValueError`` for a negative length, a page size below 1, a negative
+  reserve or count, mismatched lengths; ``IndexError`` for an index out of
+  range;
+- for input that breaks several rules, the exception of the first rule
+  broken, in the contract's order: scalars and flags in signature order, then
+  each length argument's values (int64 range), equal lengths, indices,
+  negative lengths, and last the arithmetic.
+
+Anything else (wrong types, 2-D data, ...) raises :class:`Unmodelled`: for
+such input the tests compare the two implementations with each other only.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+
+
+class Unmodelled(Exception):
+    """The oracle does not say what this input gives."""
+
+
+# ------------------------------------------------------------- reading inputs
+
+def _int(value: Any) -> int:
+    if isinstance(value, (bool, np.bool_)) or not hasattr(value, "__index__"):
+        raise Unmodelled(f"not an integer: {value!r}")
+    if hasattr(value, "__array__") and not isinstance(value, np.generic):
+        raise Unmodelled("an array is not a scalar")
+    return int(operator.index(value))
+
+
+def ints(obj: Any) -> list[int]:
+    """A valid length argument as a list of Python ints (range not checked)."""
+    if isinstance(obj, (list, tuple, range)):
+        items = list(obj)
+    elif isinstance(obj, np.ndarray):
+        if obj.ndim != 1 or obj.dtype.kind not in "iu" or isinstance(obj, np.ma.MaskedArray):
+            raise Unmodelled("not a 1-D integer array")
+        items = obj.tolist()
+    elif isinstance(obj, memoryview) or hasattr(obj, "__array__"):
+        return ints(np.asarray(obj))
+    elif hasattr(obj, "__dlpack__"):
+        return ints(np.from_dlpack(obj))
+    elif hasattr(obj, "tolist"):  # array.array
+        items = obj.tolist()
+    else:
+        raise Unmodelled(f"not a length argument: {type(obj).__name__}")
+    return [_int(v) for v in items]
+
+
+def _in_int64(values: list[int]) -> list[int]:
+    for v in values:
+        if not INT64_MIN <= v <= INT64_MAX:
+            raise OverflowError(v)
+    return values
+
+
+def _lengths(obj: Any) -> list[int]:
+    return _in_int64(ints(obj))
+
+
+def _scalar(value: Any, minimum: int, optional: bool = False) -> int:
+    if value is None and optional:
+        return 0
+    v = _int(value)
+    if v < minimum:
+        raise ValueError(v)
+    if v > INT64_MAX:
+        raise OverflowError(v)
+    return v
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise Unmodelled("a flag that is not a bool")
+
+
+def _fits(v: int) -> int:
+    """A value the formula names: it must lie in int64."""
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise OverflowError(v)
+    return v
+
+
+def _rows(indices: Any, n: int) -> list[int]:
+    if indices is None:
+        return list(range(n))
+    rows = _lengths(indices)
+    for i in rows:
+        if not -n <= i < n:
+            raise IndexError(i)
+    return [i % n for i in rows]
+
+
+def _nonnegative(values: list[int], rows: list[int] | None = None) -> None:
+    for i in rows if rows is not None else range(len(values)):
+        if values[i] < 0:
+            raise ValueError(values[i])
+
+
+def _same_length(x: list[int], y: list[int]) -> None:
+    if len(x) != len(y):
+        raise ValueError("lengths differ")
+
+
+def ceil_div(x: int, p: int) -> int:
+    return -(-x // p)
+
+
+def ceil_align(x: int, p: int) -> int:
+    return ceil_div(x, p) * p
+
+
+# ------------------------------------------------------------------ formulas
+
+def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
+    p, r = _scalar(page_size, 1), _scalar(reserve, 0)
+    c, a = _lengths(committed), _lengths(allocated)
+    _same_length(c, a)
+    rows = _rows(indices, len(c))
+    _nonnegative(c, rows)
+    _nonnegative(a, rows)
+    return _fits(sum(
+        _fits(ceil_align(max(a[i], _fits(c[i] + r)), p)) - ceil_align(a[i], p) for i in rows))
+
+
+def decode_new_tokens(committed, page_size, indices=None):
+    p = _scalar(page_size, 1)
+    c = _lengths(committed)
+    rows = _rows(indices, len(c))
+    _nonnegative(c, rows)
+    return _fits(p * sum(1 for i in rows if c[i] % p == 0))
+
+
+def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
+    p = _scalar(page_size, 1)
+    if _flag(decode):
+        # The decode special case never reads prefix_lens (SGLang's doesn't).
+        s = _lengths(seq_lens)
+        _nonnegative(s)
+        return sum(1 for x in s if x % p == 1)
+    if prefix_lens is None:
+        raise ValueError("prefix_lens")
+    s, pre = _lengths(seq_lens), _lengths(prefix_lens)
+    _same_length(s, pre)
+    _nonnegative(s)
+    _nonnegative(pre)
+    return _fits(sum(ceil_div(x, p) - ceil_div(y, p) for x, y in zip(s, pre, strict=True)))
+
+
+def spec_v1_new_tokens(num_requests, page_size, num_steps, topk, num_draft_tokens):
+    n, p = _scalar(num_requests, 0), _scalar(page_size, 1)
+    s = _scalar(num_steps, 0, optional=True) or 1
+    k = _scalar(topk, 0, optional=True) or 1
+    t = _scalar(num_draft_tokens, 0, optional=True)
+    if p > 1 and k > 1:
+        length, t = _fits(ceil_align(_fits(s + p), p)), _fits(ceil_align(t, p))
+    elif p > 1:
+        length, t = _fits(ceil_align(s, p)), _fits(ceil_align(t, p))
+    else:
+        length = s
+    return _fits(n * max(_fits(length * k), t))
+
+
+def alloc_len_per_decode(num_steps, topk, num_draft_tokens, page_size, *,
+                         speculative=True, has_draft_kv=True):
+    s = _scalar(num_steps, 0, optional=True) or 1
+    k = _scalar(topk, 0, optional=True) or 1
+    t = _scalar(num_draft_tokens, 0, optional=True)
+    p = _scalar(page_size, 1)
+    speculative, has_draft_kv = _flag(speculative), _flag(has_draft_kv)
+    if not speculative:
+        return 1
+    if p == 1 or k == 1 or not has_draft_kv:
+        return max(_fits(s * k), t)
+    return max(_fits(_fits(ceil_div(_fits(p - 1 + s), p) * p) * k), t)
+
+
+def alloc_reserve_per_decode(*args, **kwargs):
+    return _fits(2 * alloc_len_per_decode(*args, **kwargs))
+
+
+def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=True,
+                      out=None):
+    """(cur, nxt, num_tokens, num_pages), as lists and ints."""
+    p, r = _scalar(page_size, 1), _scalar(reserve, 0)
+    aligned = _flag(page_aligned)
+    c, a = _lengths(committed), _lengths(allocated)
+    _same_length(c, a)
+    limit = INT64_MAX
+    if out is not None:
+        limit = _out_limit(out, len(c), (committed, allocated))
+    _nonnegative(c)
+    _nonnegative(a)
+    cur = list(a)
+    nxt = [max(a[i], _fits(ceil_align(_fits(c[i] + r), p)) if aligned else _fits(c[i] + r))
+           for i in range(len(c))]
+    for v in cur + nxt:
+        if v > limit:
+            raise OverflowError(v)
+    tokens = _fits(sum(x - y for x, y in zip(nxt, cur, strict=True)))
+    pages = sum(ceil_div(x, p) - ceil_div(y, p) for x, y in zip(nxt, cur, strict=True))
+    return cur, nxt, tokens, pages
+
+
+def _out_limit(out: Any, n: int, inputs: tuple[Any, ...]) -> int:
+    """The largest value valid ``out`` buffers hold; anything else is Unmodelled."""
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise Unmodelled("out that is not a pair")
+    views = [buf.numpy() if type(buf).__module__.startswith("torch") else buf for buf in out]
+    others = [x for x in inputs if isinstance(x, np.ndarray)]
+    for pos, buf in enumerate(views):
+        if not (type(buf) is np.ndarray and buf.ndim == 1 and len(buf) == n
+                and buf.flags.c_contiguous and buf.flags.writeable):
+            raise Unmodelled("out buffers the contract refuses")
+        if n and any(np.shares_memory(buf, x) for x in [*others, *views[pos + 1:]]):
+            raise Unmodelled("out buffers that share memory")
+    dtypes = {buf.dtype for buf in views}
+    if len(dtypes) != 1 or dtypes - {np.dtype(np.int32), np.dtype(np.int64)}:
+        raise Unmodelled("out buffers of other dtypes")
+    return int(np.iinfo(dtypes.pop()).max)
+
+
+# ------------------------------------------------------------ request objects
+
+def _req_length(req: Any, attr: str) -> int:
+    if hasattr(req, attr):
+        value = getattr(req, attr)
+    elif hasattr(getattr(req, "kv", None), attr):
+        value = getattr(req.kv, attr)
+    else:
+        raise Unmodelled("a request without the attribute")
+    v = _int(value)
+    if v < 0:
+        raise ValueError(v)
+    return _fits(v)
+
+
+def _reqs(reqs: Any) -> list[Any]:
+    if not isinstance(reqs, (list, tuple)):
+        raise Unmodelled("reqs that are not a list or tuple")
+    return list(reqs)
+
+
+def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve):
+    p, r = _scalar(page_size, 1), _scalar(reserve, 0)
+    total = 0
+    for req in _reqs(reqs):
+        # Requests are read one at a time, so the sum is checked as it runs:
+        # its terms are never negative, a total past int64 stays past it.
+        c, a = _req_length(req, "kv_committed_len"), _req_length(req, "kv_allocated_len")
+        total = _fits(total + _fits(ceil_align(max(a, _fits(c + r)), p)) - ceil_align(a, p))
+    return total
+
+
+def decode_new_tokens_from_reqs(reqs, page_size):
+    p = _scalar(page_size, 1)
+    return _fits(p * sum(1 for req in _reqs(reqs)
+                         if _req_length(req, "kv_committed_len") % p == 0))
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    fn.__name__: fn for fn in (
+        spec_v2_new_tokens, decode_new_tokens, num_new_pages, spec_v1_new_tokens,
+        alloc_len_per_decode, alloc_reserve_per_decode, decode_alloc_plan,
+        spec_v2_new_tokens_from_reqs, decode_new_tokens_from_reqs,
+    )
+}

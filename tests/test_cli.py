@@ -1,0 +1,97 @@
+"""``python -m kvest``: flags checked as the user types them, usage errors exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kvest import cli
+
+BAD_FLAGS = [
+    (["--requests", "-5"], "--requests"),
+    (["--requests", "0"], "--requests"),
+    (["--requests", "many"], "--requests"),
+    (["--page-size", "0"], "--page-size"),
+    (["--page-size", "-16"], "--page-size"),
+    (["--page-size", "1.5"], "--page-size"),
+    (["--config", "3", "-1", "6"], "--config"),
+    (["--config", "3", "2"], "--config"),
+    (["--seed", "-1"], "--seed"),
+    (["--no-such-flag"], "unrecognized"),
+    (["bench", "--quick=yes"], "--quick"),
+    (["bench", "--markdown"], "--markdown"),
+    (["nonsense"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize(("argv", "fragment"), BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_bad_flags_are_usage_errors(argv, fragment, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m kvest")
+    assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_bad_flag_from_the_shell_prints_usage_not_a_traceback():
+    done = subprocess.run([sys.executable, "-m", "kvest", "--requests", "-5"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "usage:" in done.stderr and "must be >= 1, got -5" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["bench"], {"quick": False, "plot_path": None, "markdown": None}),
+    (["bench", "--quick"], {"quick": True, "plot_path": None, "markdown": None}),
+    (["bench", "--plot"], {"quick": False, "plot_path": cli.DEFAULT_PLOT, "markdown": None}),
+    (["bench", "--plot", "--quick"],
+     {"quick": True, "plot_path": cli.DEFAULT_PLOT, "markdown": None}),
+    (["bench", "--plot", "out.png", "--markdown", "t.md"],
+     {"quick": False, "plot_path": "out.png", "markdown": "t.md"}),
+])
+def test_bench_flags(argv, expected, monkeypatch):
+    """`--plot` alone writes bench.png; each flag reaches the benchmark."""
+    from kvest import _bench
+
+    seen = {}
+    monkeypatch.setattr(_bench, "run", lambda **kwargs: seen.update(kwargs) or 0)
+    assert cli.main(argv) == 0
+    assert seen == expected
+
+
+def test_demo_runs_and_agrees(capsys):
+    assert cli.main(["--requests", "8", "--page-size", "100", "--config", "5", "4", "8",
+                     "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "8 requests, page size 100" in out
+    assert " NO " not in out
+
+
+def test_help_names_every_flag(capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--help"])
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--quick", "--plot", "--markdown"):
+        assert flag in text
+
+
+def test_readme_documents_every_flag():
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    if not readme.is_file():
+        pytest.skip("README.md is not beside the tests")
+    text = readme.read_text(encoding="utf-8")
+    top = cli.parser()
+    parsers = [top, *next(a for a in top._actions if a.dest == "command").choices.values()]
+    for parser in parsers:
+        for action in parser._actions:
+            for flag in action.option_strings:
+                if flag.startswith("--") and flag != "--help":
+                    assert f"`{flag}" in text or f"`bench {flag}" in text, flag
