@@ -275,3 +275,25 @@ def as_plan_out(out: Any, n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     if np.may_share_memory(cur, nxt):  # contiguous buffers: bounds overlap = overlap
         raise ValueError("out[0] and out[1] must not share memory")
     return cur, nxt
+
+
+# Where each length is read, by request layout: (committed, allocated), each
+# "either" (req.<name>, else req.kv.<name>), "flat" or "nested".
+REQ_LAYOUTS = {
+    None: ("either", "either"),
+    "flat": ("flat", "flat"),  # sglang 0.5.11-0.5.15
+    "mixed": ("flat", "nested"),  # 0.5.16-0.5.18: allocated under req.kv
+    "nested": ("nested", "nested"),  # 0.5.19+: both under req.kv
+}
+
+
+def as_req_layout(layout: Any) -> tuple[str, str]:
+    """Where ``layout`` says each length is: see :data:`REQ_LAYOUTS`."""
+    if layout is not None and not isinstance(layout, str):
+        raise TypeError(f"layout must be None or a string, not {_describe(layout)}")
+    try:
+        return REQ_LAYOUTS[layout]
+    except KeyError:
+        raise ValueError(
+            f"layout must be None, 'flat', 'mixed' or 'nested', got {layout!r}"
+        ) from None

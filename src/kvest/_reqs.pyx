@@ -20,7 +20,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_DECREF, Py_XDECREF
+from cpython.ref cimport Py_DECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint64_t
 
@@ -41,7 +41,7 @@ from kvest._common cimport (
     kv_spec_v2_row_fast,
 )
 
-from kvest._inputs import as_plan_out, req_length_value, req_rows
+from kvest._inputs import as_plan_out, as_req_layout, req_length_value, req_rows
 from kvest._names import REQ_FUNCTIONS
 from kvest._types import AllocPlan
 
@@ -53,16 +53,23 @@ cnp.import_array()
 cdef extern from "reqattr.h":
     ctypedef struct kv_cache:
         pass
+    ctypedef struct kv_req_state:
+        pass
     enum:
         KV_COMMITTED
         KV_ALLOCATED
+        KV_AT_EITHER
+        KV_AT_FLAT
+        KV_AT_NESTED
         KV_LEN_ERROR
         KV_LEN_MISSING
         KV_LEN_OK
         KV_LEN_VALUE
     void kv_cache_init(kv_cache *c, PyObject *committed, PyObject *allocated,
                        PyObject *nested)
-    int kv_req_length(kv_cache *c, PyObject *req, int which, PyObject **kv,
+    void kv_req_begin(kv_req_state *st)
+    void kv_req_forget(kv_req_state *st)
+    int kv_req_length(kv_cache *c, PyObject *req, int which, int at, kv_req_state *st,
                       int64_t *length, PyObject **value)
 
 
@@ -74,31 +81,32 @@ cdef str _NESTED = "kv"
 
 # ----------------------------------------------------------- reading lengths
 
-cdef int64_t _length_slow(int status, object req, Py_ssize_t pos, int which,
-                          PyObject **kv, PyObject *value) except -1:
+cdef int64_t _length_slow(int status, object req, Py_ssize_t pos, int which, int at,
+                          kv_req_state *st, PyObject *value) except -1:
     """The rare outcomes: an error, a missing attribute, a value the Python rule judges."""
     cdef str attr = _COMMITTED if which == KV_COMMITTED else _ALLOCATED
     # Python code may run from here: a held req.kv may no longer be current.
-    Py_XDECREF(kv[0])
-    kv[0] = NULL
+    kv_req_forget(st)
     if status == KV_LEN_ERROR:
         return -1  # the exception the lookup raised
     if status == KV_LEN_MISSING:
-        raise AttributeError(f"reqs[{pos}] has neither .{attr} nor .kv.{attr}")
+        if at == KV_AT_EITHER:
+            raise AttributeError(f"reqs[{pos}] has neither .{attr} nor .kv.{attr}")
+        raise AttributeError(f"reqs[{pos}] has no .{'kv.' if at == KV_AT_NESTED else ''}{attr}")
     v = <object>value
     Py_DECREF(v)  # v now holds the reference the lookup returned
     return req_length_value(v, pos, attr)
 
 
-cdef inline int64_t _length(kv_cache *cache, object req, Py_ssize_t pos, int which,
-                            PyObject **kv) except -1:
-    """reqs[pos]'s length ``which``, as kvest._inputs.req_length reads and checks it."""
+cdef inline int64_t _length(kv_cache *cache, object req, Py_ssize_t pos, int which, int at,
+                            kv_req_state *st) except -1:
+    """reqs[pos]'s length ``which``, read where ``at`` says and checked by the shared rule."""
     cdef int64_t x = 0
     cdef PyObject *value = NULL
-    cdef int status = kv_req_length(cache, <PyObject *>req, which, kv, &x, &value)
+    cdef int status = kv_req_length(cache, <PyObject *>req, which, at, st, &x, &value)
     if status == KV_LEN_OK:
         return x
-    return _length_slow(status, req, pos, which, kv, value)
+    return _length_slow(status, req, pos, which, at, st, value)
 
 
 # ------------------------------------------------------------- one request
@@ -111,6 +119,7 @@ cdef enum Kind:
 
 cdef struct Job:
     Kind kind
+    int at_committed, at_allocated  # KV_AT_*: where each length is read
     int64_t p, r
     bint fast  # p and r in the fast range (each row checks its own lengths)
     bint aligned
@@ -137,19 +146,20 @@ cdef int _plan_range(Job *job, int out, int64_t value) except -1:
 
 
 cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
-    cdef PyObject *kv = NULL
+    cdef kv_req_state st
     cdef int64_t c, a, tokens = 0, nxt
     cdef uint64_t nxt_fast, pages
-    c = _length(cache, req, pos, KV_COMMITTED, &kv)
+    kv_req_begin(&st)
+    c = _length(cache, req, pos, KV_COMMITTED, job.at_committed, &st)
     if job.kind == DECODE:
-        Py_XDECREF(kv)
+        kv_req_forget(&st)
         if job.fast and <uint64_t>c < KV_FAST_LIMIT:
             job.count += kv_mod_row_fast(c, &job.d, 0)
         else:
             job.count += kv_mod_row(c, job.p, 0)
         return 0
-    a = _length(cache, req, pos, KV_ALLOCATED, &kv)
-    Py_XDECREF(kv)
+    a = _length(cache, req, pos, KV_ALLOCATED, job.at_allocated, &st)
+    kv_req_forget(&st)
     cdef bint fast_row = job.fast and <uint64_t>(c | a) < KV_FAST_LIMIT
     if job.kind == SPEC_V2:
         if fast_row:
@@ -293,7 +303,13 @@ cdef _Rows _select(object reqs, object indices):
     return sel
 
 
-cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r) except -1:
+cdef dict _AT = {"either": KV_AT_EITHER, "flat": KV_AT_FLAT, "nested": KV_AT_NESTED}
+
+
+cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout) except -1:
+    at_committed, at_allocated = as_req_layout(layout)
+    job.at_committed = _AT[at_committed]
+    job.at_allocated = _AT[at_allocated]
     job.kind = kind
     job.p = p
     job.r = r
@@ -310,16 +326,20 @@ cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r) except -1:
 
 # ------------------------------------------------------------- estimators
 
-def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None):
+def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layout=None):
     """:func:`spec_v2_new_tokens` read straight from request objects.
 
     Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
     flat on the request or nested under ``req.kv``.  ``indices`` selects
     requests with Python list semantics (``reqs`` must then be a sequence).
+    ``layout`` (``"flat"``, ``"mixed"``, ``"nested"``) reads each length
+    only where that SGLang layout keeps it, skipping the search the default
+    (``None``: ``req.<name>``, else ``req.kv.<name>``) makes.
     """
     cdef Job job
     cdef _Rows sel
-    _job_init(&job, SPEC_V2, _count(page_size, "page_size", 1), _count(reserve, "reserve", 0))
+    _job_init(&job, SPEC_V2, _count(page_size, "page_size", 1), _count(reserve, "reserve", 0),
+              layout)
     if indices is None:
         _walk_all(&job, reqs)
     else:
@@ -328,11 +348,11 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None):
     return job.tokens
 
 
-def decode_new_tokens_from_reqs(reqs, page_size, indices=None):
+def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None):
     """:func:`decode_new_tokens` read straight from request objects."""
     cdef Job job
     cdef _Rows sel
-    _job_init(&job, DECODE, _count(page_size, "page_size", 1), 0)
+    _job_init(&job, DECODE, _count(page_size, "page_size", 1), 0, layout)
     if indices is None:
         _walk_all(&job, reqs)
     else:
@@ -342,7 +362,7 @@ def decode_new_tokens_from_reqs(reqs, page_size, indices=None):
 
 
 def decode_alloc_plan_from_reqs(reqs, page_size, reserve, *, page_aligned=True, indices=None,
-                                out=None, dtype=None):
+                                out=None, dtype=None, layout=None):
     """:func:`decode_alloc_plan` read straight from request objects, in one pass.
 
     Per selected request ``cur = A`` and ``nxt = max(A, ceil_align(C + R, p))``
@@ -354,7 +374,8 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, *, page_aligned=True, 
     cdef Job job
     cdef _Rows sel = None
     cdef Py_ssize_t m
-    _job_init(&job, PLAN, _count(page_size, "page_size", 1), _count(reserve, "reserve", 0))
+    _job_init(&job, PLAN, _count(page_size, "page_size", 1), _count(reserve, "reserve", 0),
+              layout)
     job.aligned = bool(page_aligned)
     if indices is None:
         if type(reqs) is not list and type(reqs) is not tuple:

@@ -17,7 +17,9 @@ from kvest._inputs import (
     INT64_MAX,
     as_count,
     as_plan_out,
+    as_req_layout,
     req_length,
+    req_length_value,
     req_rows,
     result_int64,
 )
@@ -41,6 +43,18 @@ def _fits(value: int, what: str) -> int:
     return value
 
 
+def _length(req: Any, pos: int, attr: str, where: str) -> int:
+    """reqs[pos].<attr> read where the layout says (see kvest._inputs.REQ_LAYOUTS)."""
+    if where == "either":
+        return req_length(req, pos, attr)
+    path = f".kv.{attr}" if where == "nested" else f".{attr}"
+    try:
+        value = getattr(req.kv if where == "nested" else req, attr)
+    except AttributeError:
+        raise AttributeError(f"reqs[{pos}] has no {path}") from None
+    return req_length_value(value, pos, attr)
+
+
 def _selected(reqs: Any, rows: np.ndarray | None) -> Iterator[tuple[int, Any]]:
     """(position, request) for every selected request, in order."""
     if rows is None:
@@ -53,21 +67,26 @@ def _selected(reqs: Any, rows: np.ndarray | None) -> Iterator[tuple[int, Any]]:
 
 
 def spec_v2_new_tokens_from_reqs(
-    reqs: Sequence[Any], page_size: int, reserve: int, indices: Any = None
+    reqs: Sequence[Any], page_size: int, reserve: int, indices: Any = None, *,
+    layout: str | None = None,
 ) -> int:
     """:func:`spec_v2_new_tokens` read straight from request objects.
 
     Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
     flat on the request or nested under ``req.kv``.  ``indices`` selects
     requests with Python list semantics (``reqs`` must then be a sequence).
+    ``layout`` (``"flat"``, ``"mixed"``, ``"nested"``) reads each length
+    only where that SGLang layout keeps it, skipping the search the default
+    (``None``: ``req.<name>``, else ``req.kv.<name>``) makes.
     """
     p = as_count(page_size, "page_size", 1)
     r = as_count(reserve, "reserve", 0)
+    at_c, at_a = as_req_layout(layout)
     reqs, rows = req_rows(reqs, indices)
     total = 0
     for pos, req in _selected(reqs, rows):
-        c = req_length(req, pos, "kv_committed_len")
-        a = req_length(req, pos, "kv_allocated_len")
+        c = _length(req, pos, "kv_committed_len", at_c)
+        a = _length(req, pos, "kv_allocated_len", at_a)
         nxt = max(a, _fits(c + r, f"reqs[{pos}]: committed + reserve"))
         total += _fits(_ceil_align(nxt, p), f"reqs[{pos}]: ceil_align") - _ceil_align(a, p)
         _fits(total, "spec_v2_new_tokens_from_reqs")
@@ -75,14 +94,15 @@ def spec_v2_new_tokens_from_reqs(
 
 
 def decode_new_tokens_from_reqs(
-    reqs: Sequence[Any], page_size: int, indices: Any = None
+    reqs: Sequence[Any], page_size: int, indices: Any = None, *, layout: str | None = None
 ) -> int:
     """:func:`decode_new_tokens` read straight from request objects."""
     p = as_count(page_size, "page_size", 1)
+    at_c, _ = as_req_layout(layout)
     reqs, rows = req_rows(reqs, indices)
     pages = 0
     for pos, req in _selected(reqs, rows):
-        if req_length(req, pos, "kv_committed_len") % p == 0:
+        if _length(req, pos, "kv_committed_len", at_c) % p == 0:
             pages += 1
     return result_int64(pages * p, "decode_new_tokens_from_reqs")
 
@@ -90,7 +110,7 @@ def decode_new_tokens_from_reqs(
 def decode_alloc_plan_from_reqs(
     reqs: Sequence[Any], page_size: int, reserve: int, *, page_aligned: bool = True,
     indices: Any = None, out: tuple[np.ndarray, np.ndarray] | None = None,
-    dtype: npt.DTypeLike = None,
+    dtype: npt.DTypeLike = None, layout: str | None = None,
 ) -> AllocPlan:
     """:func:`decode_alloc_plan` read straight from request objects, in one pass.
 
@@ -102,6 +122,7 @@ def decode_alloc_plan_from_reqs(
     """
     p = as_count(page_size, "page_size", 1)
     r = as_count(reserve, "reserve", 0)
+    at_c, at_a = as_req_layout(layout)
     reqs, rows = req_rows(reqs, indices)
     if rows is None and not isinstance(reqs, (list, tuple)):
         reqs = list(reqs)  # the plan's length must be known before the first row
@@ -109,8 +130,8 @@ def decode_alloc_plan_from_reqs(
     limits = [int(np.iinfo(buf.dtype).max) for buf in (cur_out, nxt_out)]
     tokens = pages = 0
     for j, (pos, req) in enumerate(_selected(reqs, rows)):
-        c = req_length(req, pos, "kv_committed_len")
-        a = req_length(req, pos, "kv_allocated_len")
+        c = _length(req, pos, "kv_committed_len", at_c)
+        a = _length(req, pos, "kv_allocated_len", at_a)
         need = _fits(c + r, f"reqs[{pos}]: committed + reserve")
         if page_aligned:
             need = _fits(_ceil_align(need, p), f"reqs[{pos}]: ceil_align")
