@@ -41,6 +41,8 @@ from kvest._common cimport (
     kv_spec_v2_row_fast,
 )
 
+import numpy as np
+
 from kvest._inputs import as_plan_out, as_req_layout, req_length_value, req_rows
 from kvest._names import REQ_FUNCTIONS
 from kvest._types import AllocPlan
@@ -306,10 +308,26 @@ cdef _Rows _select(object reqs, object indices):
 cdef dict _AT = {"either": KV_AT_EITHER, "flat": KV_AT_FLAT, "nested": KV_AT_NESTED}
 
 
+cdef str _FLAT = "flat"
+cdef str _MIXED = "mixed"
+cdef str _NESTED_LAYOUT = "nested"
+
+
 cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout) except -1:
-    at_committed, at_allocated = as_req_layout(layout)
-    job.at_committed = _AT[at_committed]
-    job.at_allocated = _AT[at_allocated]
+    # The usual values by identity (string constants are interned); anything
+    # else through the shared rule, which also raises for a bad value.
+    if layout is None:
+        job.at_committed = job.at_allocated = KV_AT_EITHER
+    elif layout is _NESTED_LAYOUT:
+        job.at_committed = job.at_allocated = KV_AT_NESTED
+    elif layout is _FLAT:
+        job.at_committed = job.at_allocated = KV_AT_FLAT
+    elif layout is _MIXED:
+        job.at_committed, job.at_allocated = KV_AT_FLAT, KV_AT_NESTED
+    else:
+        at_committed, at_allocated = as_req_layout(layout)
+        job.at_committed = _AT[at_committed]
+        job.at_allocated = _AT[at_allocated]
     job.kind = kind
     job.p = p
     job.r = r
@@ -384,7 +402,15 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, *, page_aligned=True, 
     else:
         sel = _select(reqs, indices)
         m = sel.m
-    cur_out, nxt_out = as_plan_out(out, m, dtype)
+    cdef cnp.npy_intp dims = m
+    cdef int kind
+    if out is None and (dtype is None or dtype is np.int64 or dtype is np.int32):
+        # The usual request, without the shared rule's checks (there is nothing to check).
+        kind = cnp.NPY_INT32 if dtype is np.int32 else cnp.NPY_INT64
+        cur_out = cnp.PyArray_EMPTY(1, &dims, kind, 0)
+        nxt_out = cnp.PyArray_EMPTY(1, &dims, kind, 0)
+    else:
+        cur_out, nxt_out = as_plan_out(out, m, dtype)
     cdef cnp.ndarray cur_buf = cur_out, nxt_buf = nxt_out
     job.cur = cnp.PyArray_DATA(cur_buf)
     job.nxt = cnp.PyArray_DATA(nxt_buf)
