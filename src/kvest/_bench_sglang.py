@@ -8,9 +8,9 @@ side is upstream's own code, called as the scheduler calls it: the real
 ``page_aligned_decode_alloc_lens`` followed by the two
 ``torch.tensor(..., dtype=torch.int32)`` conversions its callers make, and the
 real ``get_num_new_pages`` on CPU tensors.  kvest's side does what the drop-in
-does in their place (:class:`KvestStep`): the same inputs, kvest's kernels,
-upstream's own reserve function and beam-row count, and the callers' tensor
-conversions unchanged.  Each pair is checked to give the same answer before it
+does in their place (:class:`KvestStep`): the same inputs, kvest's kernels
+(the beam rows included), upstream's own reserve function, and the callers'
+tensor conversions unchanged.  Each pair is checked to give the same answer before it
 is timed.
 
 Hot spots (``n`` requests, page size 16, EAGLE with (steps, topk, draft) = (3, 1, 4)):
@@ -83,14 +83,12 @@ class Upstream:
     alloc_lens: Callable[..., Any]
     reserve: Callable[[], int]
     num_new_pages: Callable[..., int]
-    beam_rows: Callable[[Any], int]
 
 
 @functools.lru_cache(maxsize=1)
 def upstream() -> Upstream:
     import sglang
     import torch
-    from sglang.srt.beam_search.batch_tail import num_beam_member_rows
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.mem_cache.allocation_sizing import (
         get_alloc_reserve_per_decode,
@@ -103,7 +101,7 @@ def upstream() -> Upstream:
 
     return Upstream(sglang.__version__, torch, Req, ScheduleBatch, SamplingParams,
                     SpeculativeAlgorithm, get_context, page_aligned_decode_alloc_lens,
-                    get_alloc_reserve_per_decode, get_num_new_pages, num_beam_member_rows)
+                    get_alloc_reserve_per_decode, get_num_new_pages)
 
 
 class KvestStep:
@@ -118,8 +116,7 @@ class KvestStep:
         if batch.spec_algorithm.is_none():
             tokens = kvest.decode_new_tokens_from_reqs(reqs, p, selected_indices,
                                                        layout="nested")
-            picked = reqs if selected_indices is None else [reqs[i] for i in selected_indices]
-            return tokens + self.up.beam_rows(picked)
+            return tokens + kvest.beam_member_rows_from_reqs(reqs, selected_indices)
         return kvest.spec_v2_new_tokens_from_reqs(reqs, p, self.up.reserve(), selected_indices,
                                                   layout="nested")
 
