@@ -281,13 +281,12 @@ def table(rows: list[StepRow], markdown: bool = False) -> str:
 
 
 def headline(rows: list[StepRow], n: int = 1024) -> str | None:
-    from kvest._bench import _fmt_time
 
     r = next((r for r in rows if r.hot_spot == "step" and r.n == n), None)
     if r is None:
         return None
-    return (f"per-step bookkeeping at batch {n:,}, from {_fmt_time(r.upstream)} to "
-            f"{_fmt_time(r.kvest)} ({r.speedup:.1f}× less time)")
+    return (f"per-step bookkeeping at batch {n:,}, from {r.upstream * 1e6:,.0f} µs to "
+            f"{r.kvest * 1e6:,.0f} µs ({r.speedup:.1f}× less time)")
 
 
 def targets(rows: list[StepRow]) -> list[tuple[str, str, bool]]:
