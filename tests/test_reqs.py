@@ -743,3 +743,45 @@ def test_beam_member_rows_fixed():
             impl.beam_member_rows_from_reqs([*reqs, TinyFlat(1, 1)])
         big = impl.beam_member_rows_from_reqs([_beam_req("tiny", BeamGroup(2**62))] * 3)
         assert big == 3 * 2**62 and type(big) is int
+
+
+# ------------------------------------------------------- references kept
+
+def _refcounts(objs):
+    import sys
+
+    return [sys.getrefcount(o) for o in objs]
+
+
+def test_no_reference_leaked_or_lost():
+    """Every path (fast reads, slow values, errors) leaves reference counts as they were."""
+    import gc
+
+    big, odd = 2**70, Index(40)
+    reqs = [_release(NestedReq)(10**6 + 5, 10**6 + 9), _release(FlatReq)(17, 20),
+            _release(MixedReq)(33, 40), _nested_slotted(7, 9), KvProperty(3, 4),
+            WithProperties(5, 8), TinyFlat(odd, 50), TinyNested(np.int64(3), 3)]
+    bad = [*reqs, TinyFlat(big, 1)]
+    for r in reqs:
+        r.beam_group = BeamGroup(2)
+    watched = [*reqs, *(getattr(r, "kv", None) for r in reqs), big, odd, reqs[0].kv]
+    calls = [
+        lambda: kvest.spec_v2_new_tokens_from_reqs(reqs, 16, 8),
+        lambda: kvest.spec_v2_new_tokens_from_reqs(reqs, 16, 8, [0, -1, 3, 3]),
+        lambda: kvest.decode_new_tokens_from_reqs(reqs, 16),
+        lambda: kvest.decode_alloc_plan_from_reqs(reqs, 16, 8, dtype=np.int32),
+        lambda: kvest.decode_new_tokens_from_reqs(reqs[:1], 16, layout="nested"),
+        lambda: kvest.beam_member_rows_from_reqs(reqs, (1, 2)),
+        lambda: kvest.spec_v2_new_tokens_from_reqs(bad, 16, 8),
+        lambda: kvest.decode_alloc_plan_from_reqs(bad, 16, 8),
+        lambda: kvest.decode_new_tokens_from_reqs(reqs, 16, layout="flat"),
+    ]
+    for call in calls:  # warm up: caches, interned names, the plan's arrays
+        outcome(call, (), {})
+    gc.collect()
+    before = _refcounts(watched)
+    for _ in range(50):
+        for call in calls:
+            outcome(call, (), {})
+    gc.collect()
+    assert _refcounts(watched) == before
