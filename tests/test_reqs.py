@@ -522,22 +522,35 @@ def test_kv_property_read_as_often_as_the_twin_reads_it():
 
 
 def test_list_changed_during_the_walk():
-    """A request that empties the list: the walk stops where a list iterator does."""
+    """A request that empties the list: the walk stops where a list iterator does,
+    and the request itself, whose only other reference was the list's, stays
+    alive until both its lengths are read (a regression memcheck found)."""
+
     class Emptier:
-        kv_allocated_len = 0
+        freed = False
 
         def __init__(self, batch):
             self.batch = batch
+
+        def __del__(self):
+            Emptier.freed = True
 
         @property
         def kv_committed_len(self):
             self.batch.clear()
             return 16
 
+        @property
+        def kv_allocated_len(self):
+            assert not Emptier.freed, "read after the request was freed"
+            return 0
+
     for impl in IMPLS:
+        Emptier.freed = False
         reqs: list = []
         reqs.extend([Emptier(reqs), TinyFlat(1, 1), TinyFlat(2, 2)])
         assert impl.spec_v2_new_tokens_from_reqs(reqs, 16, 0) == 16
+        assert Emptier.freed  # and it is freed afterwards: no reference kept
 
 
 # ---------------------------------------------------------- fixed cases

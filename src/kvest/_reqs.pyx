@@ -286,14 +286,18 @@ cdef int _walk_all(Job *job, object reqs) except -1:
     cdef kv_cache cache
     cdef Py_ssize_t pos = 0
     _cache_init(&cache)
+    # Each request is held by a reference of our own while it is read: a
+    # property of one request may drop the container's reference to it.
     if type(reqs) is list:
         # The size is read every step, as a list iterator does.
         while pos < PyList_GET_SIZE(reqs):
-            _row(job, &cache, <object>PyList_GET_ITEM(reqs, pos), pos)
+            req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
+            _row(job, &cache, req, pos)
             pos += 1
     elif type(reqs) is tuple:
         while pos < PyTuple_GET_SIZE(reqs):
-            _row(job, &cache, <object>PyTuple_GET_ITEM(reqs, pos), pos)
+            req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
+            _row(job, &cache, req, pos)
             pos += 1
     else:
         for req in reqs:
@@ -311,9 +315,11 @@ cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) ex
     for j in range(m):
         pos = rows[j]
         if is_list and pos < PyList_GET_SIZE(reqs):
-            _row(job, &cache, <object>PyList_GET_ITEM(reqs, pos), pos)
+            req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
+            _row(job, &cache, req, pos)
         elif is_tuple:
-            _row(job, &cache, <object>PyTuple_GET_ITEM(reqs, pos), pos)
+            req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
+            _row(job, &cache, req, pos)
         else:
             _row(job, &cache, reqs[pos], pos)
     return 0
@@ -485,7 +491,8 @@ cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
         if pos == m:
             # The twin's walk writes row m of an m-row buffer here.
             raise IndexError(f"index {m} is out of bounds for axis 0 with size {m}")
-        _row(job, &cache, <object>PyList_GET_ITEM(reqs, pos), pos)
+        req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
+        _row(job, &cache, req, pos)
         pos += 1
     return 0
 
