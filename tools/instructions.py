@@ -13,6 +13,13 @@ vectorization, gained a branch, or fell back to division.
 
 Valgrind emulates AVX2 but not AVX-512, so the gate covers the baseline and
 AVX2 variants; the differential tests cover AVX-512 on machines that have it.
+
+The object kernels get the same gate: instructions per request of
+``spec_v2_new_tokens_from_reqs`` and ``decode_new_tokens_from_reqs`` (everything
+they call included) on the benchmark's release-shaped stand-ins, with the
+release's ``layout=`` and with the default search.  A rise means a read lost
+its shortcut (the slot offset, the remembered dict position) or the per-type
+work started running per request.
 """
 
 from __future__ import annotations
@@ -44,21 +51,47 @@ for _ in range({calls}):
 """
 
 
-def count(variant: str, p: int, dtype: str) -> float:
+OBJECT_ROWS = 4096
+OBJECT_CASES = [(fn, shape, layout) for fn in ("spec_v2", "decode")
+                for shape, layout in (("Req0511", "flat"), ("Req0523", "nested"),
+                                      ("Req0523", None))]
+
+OBJECT_PROGRAM = """
+import kvest
+from kvest._bench import {shape} as Req
+reqs = [Req(c, c + 7) for c in range(1000, 1000 + {rows})]
+for _ in range({calls}):
+    kvest.{fn}_new_tokens_from_reqs(reqs, 16, *{extra}, layout={layout!r})
+"""
+
+
+def _callgrind(code: str, collect: str, env: dict[str, str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
-        env = dict(os.environ, KVEST_CPU=variant)
-        code = PROGRAM.format(variant=variant, rows=ROWS, dtype=dtype, calls=CALLS, p=p)
         subprocess.run(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
-             "--toggle-collect=kv_spec_v2_pages", sys.executable, "-c", code],
+             f"--toggle-collect={collect}", sys.executable, "-c", code],
             check=True, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )
         text = out.read_text()
     match = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.MULTILINE)
     if not match:
         raise RuntimeError("callgrind wrote no instruction total")
-    return int(match.group(1)) / (ROWS * CALLS)
+    return int(match.group(1))
+
+
+def count(variant: str, p: int, dtype: str) -> float:
+    code = PROGRAM.format(variant=variant, rows=ROWS, dtype=dtype, calls=CALLS, p=p)
+    total = _callgrind(code, "kv_spec_v2_pages", dict(os.environ, KVEST_CPU=variant))
+    return total / (ROWS * CALLS)
+
+
+def count_objects(fn: str, shape: str, layout: str | None) -> float:
+    extra = "(128,)" if fn == "spec_v2" else "()"
+    code = OBJECT_PROGRAM.format(shape=shape, rows=OBJECT_ROWS, calls=CALLS, fn=fn,
+                                 extra=extra, layout=layout)
+    total = _callgrind(code, f"*{fn}_new_tokens_from_reqs*", dict(os.environ))
+    return total / (OBJECT_ROWS * CALLS)
 
 
 def main() -> int:
@@ -66,16 +99,20 @@ def main() -> int:
     ceilings = {} if update else json.loads(CEILINGS.read_text())
     measured = {}
     failed = False
-    print(f"{'case':28} {'instructions/request':>22} {'ceiling':>9}")
-    for variant, p, dtype in CASES:
-        key = f"{variant} p={p} {dtype}"
-        measured[key] = per_row = count(variant, p, dtype)
+    print(f"{'case':36} {'instructions/request':>22} {'ceiling':>9}")
+    cases = [(f"{variant} p={p} {dtype}", lambda v=variant, p=p, d=dtype: count(v, p, d))
+             for variant, p, dtype in CASES]
+    cases += [(f"objects {fn} {shape} layout={layout}",
+               lambda f=fn, s=shape, la=layout: count_objects(f, s, la))
+              for fn, shape, layout in OBJECT_CASES]
+    for key, measure in cases:
+        measured[key] = per_row = measure()
         ceiling = ceilings.get(key)
         verdict = ""
         if ceiling is not None and per_row > ceiling:
             verdict = "  ABOVE CEILING"
             failed = True
-        print(f"{key:28} {per_row:22.3f} {ceiling if ceiling is not None else '-':>9}{verdict}")
+        print(f"{key:36} {per_row:22.3f} {ceiling if ceiling is not None else '-':>9}{verdict}")
     if update:
         CEILINGS.write_text(json.dumps(
             {k: round(v * SLACK, 2) for k, v in measured.items()}, indent=2) + "\n")

@@ -122,6 +122,9 @@ def parser() -> argparse.ArgumentParser:
                             f"defaults to {DEFAULT_PLOT}")
     bench.add_argument("--markdown", metavar="FILE.md",
                        help="also write the table as Markdown to FILE.md")
+    bench.add_argument("--sglang", action="store_true",
+                       help="only the real-SGLang section: the decode step's bookkeeping "
+                            "against SGLang's own code (runs where sglang imports)")
     return top
 
 
@@ -130,5 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from kvest._bench import run
 
-        return run(quick=args.quick, plot_path=args.plot, markdown=args.markdown)
+        return run(quick=args.quick, plot_path=args.plot, markdown=args.markdown,
+                   sglang_only=args.sglang)
     return demo(args.requests, args.page_size, tuple(args.config), args.seed)
