@@ -87,7 +87,8 @@ def make_estimate(original: Callable[..., Any], cls: type, reserve: Callable[[],
             page_size = self.token_to_kv_pool_allocator.page_size
             reqs = self.reqs
             if self.spec_algorithm.is_none():
-                tokens = decode(reqs, page_size, indices=selected_indices)
+                tokens = decode(reqs, page_size) if selected_indices is None else decode(
+                    reqs, page_size, indices=selected_indices)
                 if beam:
                     rows = reqs if selected_indices is None else map(
                         reqs.__getitem__, selected_indices)
@@ -96,6 +97,8 @@ def make_estimate(original: Callable[..., Any], cls: type, reserve: Callable[[],
             kind = type(self)
             if not (has_v1 and not self.is_spec_v2) and (
                     kind is cls or getattr(kind, method) is getattr(cls, method)):
+                if selected_indices is None:
+                    return spec_v2(reqs, page_size, reserve())
                 return spec_v2(reqs, page_size, reserve(), indices=selected_indices)
         except Exception:
             FALLBACKS["new_tokens_required_next_decode"] += 1
