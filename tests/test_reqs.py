@@ -1,133 +1,651 @@
-"""Request-object kernels against the reference, in both SGLang layouts."""
+"""Request-object kernels against an oracle written here, on every way a request
+can hold its lengths.
+
+The oracle reads each request as the contract says (``req.<name>``, else
+``req.kv.<name>``; or only where ``layout`` says) with plain ``getattr`` and
+computes with Python ints; both implementations must give its value or raise
+its exception type, and must agree with each other (``check_same``, which
+also checks that no argument was modified).  The compiled kernel reads
+attributes through per-type shortcuts (instance-dict probes, slot offsets,
+remembered dict positions): the request kinds below cover each shortcut and
+every case where it must not be taken.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import operator
+
 import numpy as np
 import pytest
-from helpers import check_same, length_values, page_sizes, reserves
-from hypothesis import example, given
+from helpers import INT64_MAX, check_same, outcome, page_sizes, reserves
+from hypothesis import event, example, given
 from hypothesis import strategies as st
-from upstream import FlatReq, NestedReq
+from request_standins import (
+    LAYOUT_OF,
+    FlatReq,
+    MixedReq,
+    NestedReq,
+    ReqKvInfo,
+    TinyFlat,
+    TinyNested,
+)
 
 import kvest
 from kvest import reference
 
-
-@st.composite
-def request_lists(draw: st.DrawFn, negative: bool = False) -> list:
-    n = draw(st.integers(0, 30))
-    make = draw(st.sampled_from([FlatReq, NestedReq, "mixed"]))
-    reqs = []
-    for _ in range(n):
-        c = draw(length_values(negative=negative))
-        a = draw(length_values())
-        cls = draw(st.sampled_from([FlatReq, NestedReq])) if make == "mixed" else make
-        reqs.append(cls(c, a))
-    return reqs
+IMPLS = [kvest, reference]
+IMPL_IDS = ["kvest", "reference"]
+WHERE = {None: ("either", "either"), "flat": ("flat", "flat"),
+         "mixed": ("flat", "nested"), "nested": ("nested", "nested")}
 
 
-@given(request_lists(negative=True), page_sizes, reserves)
-@example([FlatReq(2**63 - 1, 0), FlatReq(1, 0)], 1, 0)
-def test_spec_v2_from_reqs_matches_reference(reqs, p, r):
-    check_same("spec_v2_new_tokens_from_reqs", reqs, p, r)
+# ------------------------------------------------------------------ the oracle
 
-
-@given(request_lists(negative=True), page_sizes)
-def test_decode_from_reqs_matches_reference(reqs, p):
-    check_same("decode_new_tokens_from_reqs", reqs, p)
-
-
-@given(request_lists(), page_sizes, reserves)
-def test_from_reqs_equals_array_functions(reqs, p, r):
-    def length(req, attr):
-        return getattr(req, attr) if hasattr(req, attr) else getattr(req.kv, attr)
-
-    c = [length(q, "kv_committed_len") for q in reqs]
-    a = [length(q, "kv_allocated_len") for q in reqs]
-    for name, args, array_name, array_args in (
-        ("spec_v2_new_tokens_from_reqs", (reqs, p, r), "spec_v2_new_tokens", (c, a, p, r)),
-        ("decode_new_tokens_from_reqs", (reqs, p), "decode_new_tokens", (c, p)),
-    ):
+def _read(req, attr, where):
+    if where == "either":
         try:
-            expected = getattr(reference, array_name)(*array_args)
-        except OverflowError:
-            with pytest.raises(OverflowError):
-                getattr(kvest, name)(*args)
+            value = getattr(req, attr)
+        except AttributeError:
+            try:
+                value = getattr(req.kv, attr)
+            except AttributeError:
+                raise AttributeError(attr) from None
+    else:
+        value = getattr(req.kv if where == "nested" else req, attr)
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("bool")
+    value = operator.index(value)
+    if value < 0:
+        raise ValueError("negative")
+    if value > INT64_MAX:
+        raise OverflowError("int64")
+    return value
+
+
+def _fits(value):
+    if value > INT64_MAX:
+        raise OverflowError("int64")
+    return value
+
+
+def _rows(reqs, indices):
+    if indices is None:
+        return list(reqs)
+    n = len(reqs)
+    for i in indices:
+        if not -n <= i < n:
+            raise IndexError(i)
+    return [reqs[i] for i in indices]
+
+
+def _ceil(x, p):
+    return -(-x // p)
+
+
+def oracle(fn, reqs, p, r=0, indices=None, layout=None, page_aligned=True):
+    at_c, at_a = WHERE[layout]
+    rows = _rows(reqs, indices)
+    if fn == "decode":
+        count = sum(_read(q, "kv_committed_len", at_c) % p == 0 for q in rows)
+        return _fits(count * p)
+    total = pages = 0
+    cur, nxt = [], []
+    for q in rows:
+        c = _read(q, "kv_committed_len", at_c)
+        a = _read(q, "kv_allocated_len", at_a)
+        need = _fits(c + r)
+        if fn == "spec_v2":
+            tokens = _fits(_ceil(max(a, need), p) * p) - _ceil(a, p) * p
+            total = _fits(total + tokens)
             continue
-        assert getattr(kvest, name)(*args) == expected
+        if page_aligned:
+            need = _fits(_ceil(need, p) * p)
+        cur.append(a)
+        nxt.append(max(a, need))
+        total = _fits(total + nxt[-1] - a)
+        pages += _ceil(nxt[-1], p) - _ceil(a, p)
+    if fn == "spec_v2":
+        return total
+    return (cur, nxt, total, pages)
 
 
-class Odd:
-    pass
+def expect(fn, *args, **kwargs):
+    try:
+        return "ok", oracle(fn, *args, **kwargs)
+    except Exception as exc:  # the oracle's exception type is the expectation
+        return "raise", type(exc)
 
 
-class WithValues:
-    def __init__(self, **attrs):
-        self.__dict__.update(attrs)
+def check(fn, reqs, p, r=0, indices=None, layout=None, page_aligned=True):
+    """Both implementations against the oracle and each other."""
+    want = expect(fn, reqs, p, r, indices, layout, page_aligned)
+    event(f"{want[0]} {getattr(want[1], '__name__', '')}".strip())
+    if fn == "spec_v2":
+        got = check_same("spec_v2_new_tokens_from_reqs", reqs, p, r, indices, layout=layout)
+    elif fn == "decode":
+        got = check_same("decode_new_tokens_from_reqs", reqs, p, indices, layout=layout)
+    else:
+        got = check_same("decode_alloc_plan_from_reqs", reqs, p, r, indices=indices,
+                         layout=layout, page_aligned=page_aligned)
+    assert got == want, f"{fn}: got {got}, the oracle says {want}"
+
+
+# ---------------------------------------------------------- request kinds
+# Each takes the committed and allocated values (MISSING: not set at all).
+
+MISSING = object()
+
+
+def _set(obj, name, value):
+    if value is not MISSING:
+        setattr(obj, name, value)
 
 
 class Slotted:
     __slots__ = ("kv_allocated_len", "kv_committed_len")
 
+
+class SlottedKV:
+    __slots__ = ("kv_allocated_len", "kv_committed_len", "spare")
+
+
+class WithProperties:
+    """Lengths served by properties over private attributes."""
+
     def __init__(self, c, a):
-        self.kv_committed_len, self.kv_allocated_len = c, a
-
-
-class Computed:
-    """Lengths served by properties, as a later Req might."""
+        self._c, self._a = c, a
 
     @property
     def kv_committed_len(self):
-        return 40
+        if self._c is MISSING:
+            raise AttributeError("kv_committed_len")
+        return self._c
 
     @property
     def kv_allocated_len(self):
-        return 48
+        if self._a is MISSING:
+            raise AttributeError("kv_allocated_len")
+        return self._a
 
 
-GOOD = [FlatReq(5, 8), NestedReq(16, 16), Slotted(31, 32), Computed(),
-        WithValues(kv_committed_len=np.int64(3), kv_allocated_len=np.int32(3))]
+class PropertyFallsBack:
+    """A flat property that raises AttributeError: the reads go on to req.kv."""
 
-BAD_REQS = [
-    ([FlatReq(1, 1), Odd()], AttributeError),
-    ([WithValues(kv_committed_len=1)], AttributeError),
-    ([WithValues(kv=Odd())], AttributeError),
-    ([WithValues(kv_committed_len=1.0, kv_allocated_len=1)], TypeError),
-    ([WithValues(kv_committed_len=True, kv_allocated_len=1)], TypeError),
-    ([WithValues(kv_committed_len=None, kv_allocated_len=1)], TypeError),
-    ([WithValues(kv_committed_len="3", kv_allocated_len=1)], TypeError),
-    ([FlatReq(-1, 0)], ValueError),
-    ([FlatReq(0, -1)], ValueError),
-    ([FlatReq(2**63, 0)], OverflowError),
-    ([FlatReq(2**63 - 1, 0)], OverflowError),
-    # A huge row (checked path) then a small one (fast path) past int64: a
-    # regression Hypothesis found, kept as a fixed case.
-    ([FlatReq(2**63 - 1, 0), FlatReq(1, 0)], OverflowError),
-    (None, TypeError),
-    (5, TypeError),
-]
+    def __init__(self, c, a):
+        self.kv = TinyFlat(MISSING, MISSING)
+        _set(self.kv, "kv_committed_len", c)
+        _set(self.kv, "kv_allocated_len", a)
+
+    @property
+    def kv_committed_len(self):
+        raise AttributeError("not here")
 
 
-@pytest.mark.parametrize("impl", [kvest, reference], ids=["kvest", "reference"])
+class PropertyRaises:
+    """A property that raises something else: that exception comes out."""
+
+    def __init__(self, c, a):
+        self.kv_allocated_len = a
+
+    @property
+    def kv_committed_len(self):
+        raise LookupError("broken")
+
+
+class KvProperty:
+    """req.kv computed on every read (the twin reads it once per length)."""
+
+    def __init__(self, c, a):
+        self._kv = TinyFlat(MISSING, MISSING)
+        _set(self._kv, "kv_committed_len", c)
+        _set(self._kv, "kv_allocated_len", a)
+
+    @property
+    def kv(self):
+        return self._kv
+
+
+class GetattrHook:
+    """__getattr__ answers for names the instance lacks."""
+
+    def __init__(self, c, a):
+        self._values = {"kv_committed_len": c, "kv_allocated_len": a}
+
+    def __getattr__(self, name):
+        value = self.__dict__.get("_values", {}).get(name, MISSING)
+        if value is MISSING:
+            raise AttributeError(name)
+        return value
+
+
+class NonDataDescriptor:
+    def __get__(self, obj, owner=None):
+        return 7
+
+
+class ShadowedDescriptor:
+    """A non-data descriptor on the class, an instance value that shadows it."""
+
+    kv_committed_len = NonDataDescriptor()
+    kv_allocated_len = NonDataDescriptor()
+
+    def __init__(self, c, a):
+        _set(self, "kv_committed_len", c)
+        _set(self, "kv_allocated_len", a)
+
+
+class ClassDefault:
+    """A plain class attribute stands in when the instance has none."""
+
+    kv_committed_len = 12
+    kv_allocated_len = 20
+
+    def __init__(self, c, a):
+        _set(self, "kv_committed_len", c)
+        _set(self, "kv_allocated_len", a)
+
+
+class FlatSubclass(FlatReq):
+    """A subclass that turns one inherited dict attribute into a property."""
+
+    @property
+    def kv_committed_len(self):
+        if self._c is MISSING:
+            raise AttributeError("kv_committed_len")
+        return self._c
+
+    @kv_committed_len.setter
+    def kv_committed_len(self, value):
+        self._c = value
+
+
+@dataclasses.dataclass(slots=True)
+class ReqKvInfoSub(ReqKvInfo):
+    extra: int = 0
+
+
+def _slotted(c, a):
+    req = Slotted()
+    _set(req, "kv_committed_len", c)
+    _set(req, "kv_allocated_len", a)
+    return req
+
+
+def _nested_slotted(c, a):
+    req = TinyNested(0, 0)
+    req.kv = SlottedKV()  # unset slots read as missing, as getattr says
+    _set(req.kv, "kv_committed_len", c)
+    _set(req.kv, "kv_allocated_len", a)
+    return req
+
+
+def _release(cls):
+    def make(c, a):
+        req = cls(0 if c is MISSING else c, 0 if a is MISSING else a)
+        kv = getattr(req, "kv", None)
+        for name, value in (("kv_committed_len", c), ("kv_allocated_len", a)):
+            if value is MISSING:
+                if name in vars(req):
+                    delattr(req, name)
+                elif kv is not None and hasattr(kv, name):
+                    delattr(kv, name)  # an unset slot
+        return req
+    return make
+
+
+def _nested_sub(c, a):
+    req = NestedReq(0, 0)
+    req.kv = ReqKvInfoSub()
+    _set(req.kv, "kv_committed_len", c)
+    _set(req.kv, "kv_allocated_len", a)
+    if c is MISSING:
+        del req.kv.kv_committed_len
+    if a is MISSING:
+        del req.kv.kv_allocated_len
+    return req
+
+
+def _kv_none(c, a):
+    req = TinyNested(0, 0)
+    req.kv = None
+    return req
+
+
+KINDS = {
+    "flat-0.5.11": _release(FlatReq),
+    "mixed-0.5.17": _release(MixedReq),
+    "nested-0.5.23": _release(NestedReq),
+    "tiny-flat": _release(TinyFlat),
+    "tiny-nested": _release(TinyNested),
+    "slots": _slotted,
+    "nested-slots": _nested_slotted,
+    "nested-slots-subclass": _nested_sub,
+    "properties": WithProperties,
+    "property-falls-back": PropertyFallsBack,
+    "property-raises": PropertyRaises,
+    "kv-property": KvProperty,
+    "getattr-hook": GetattrHook,
+    "shadowed-descriptor": ShadowedDescriptor,
+    "class-default": ClassDefault,
+    "flat-subclass": FlatSubclass,
+    "kv-none": _kv_none,
+}
+
+
+class Index:
+    """An integer by __index__ only."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
+lengths = st.one_of(
+    st.integers(0, 2**21), st.integers(0, 300),
+    st.sampled_from([0, 1, 2**29 - 1, 2**29, 2**31, 2**62, INT64_MAX]),
+)
+odd_values = st.one_of(
+    st.integers(-(2**70), -1), st.integers(INT64_MAX + 1, 2**70),
+    st.builds(np.int64, st.integers(0, 2**40)), st.builds(np.int32, st.integers(0, 2**20)),
+    st.builds(Index, st.integers(-5, 2**64)),
+    st.sampled_from([True, False, np.bool_(True), 1.0, 2.5, None, "3", MISSING]),
+)
+
+
+@st.composite
+def requests(draw, kinds=tuple(KINDS), odd=True):
+    """A batch of a few request kinds, many requests of each."""
+    chosen = draw(st.lists(st.sampled_from(kinds), min_size=1, max_size=3, unique=True))
+    n = draw(st.integers(0, 40))
+    values = st.one_of(lengths, odd_values) if odd else lengths
+    # Odd values rarely, so that most batches get past their first request.
+    value = st.integers(0, 39).flatmap(lambda k: values if k == 0 else lengths)
+    return [KINDS[draw(st.sampled_from(chosen))](draw(value), draw(value)) for _ in range(n)]
+
+
+@st.composite
+def selections(draw, reqs):
+    if draw(st.booleans()):
+        return None
+    n = len(reqs)
+    rows = st.integers(-n - 2, n + 1) if draw(st.integers(0, 9)) == 0 or not n \
+        else st.integers(-n, n - 1)
+    picked = draw(st.lists(rows, max_size=2 * n + 2))
+    form = draw(st.sampled_from(["list", "tuple", "int64", "int32"]))
+    if form == "list":
+        return picked
+    if form == "tuple":
+        return tuple(picked)
+    return np.array(picked, dtype=form)
+
+
+layouts = st.sampled_from([None, None, "flat", "mixed", "nested"])
+
+
+@given(st.data(), requests(), page_sizes, reserves, layouts)
+@example(None, [FlatReq(2**63 - 1, 0), FlatReq(1, 0)], 1, 0, None)
+def test_spec_v2(data, reqs, p, r, layout):
+    indices = data.draw(selections(reqs)) if data is not None else None
+    check("spec_v2", reqs, p, r, indices, layout)
+
+
+@given(st.data(), requests(), page_sizes, layouts)
+def test_decode(data, reqs, p, layout):
+    check("decode", reqs, p, 0, data.draw(selections(reqs)), layout)
+
+
+@given(st.data(), requests(), page_sizes, reserves, layouts, st.booleans())
+def test_alloc_plan(data, reqs, p, r, layout, aligned):
+    check("plan", reqs, p, r, data.draw(selections(reqs)), layout, aligned)
+
+
+@given(st.sampled_from([FlatReq, MixedReq, NestedReq, TinyFlat, TinyNested]),
+       st.lists(st.tuples(lengths, lengths), max_size=50), page_sizes, reserves)
+def test_release_layouts_agree(cls, pairs, p, r):
+    """Each release's own layout gives what the default search gives."""
+    reqs = [cls(c, a) for c, a in pairs]
+    layout = LAYOUT_OF[cls]
+    for impl in IMPLS:
+        for name, args in (("spec_v2_new_tokens_from_reqs", (reqs, p, r)),
+                           ("decode_new_tokens_from_reqs", (reqs, p))):
+            fn = getattr(impl, name)
+            assert outcome(fn, args, {"layout": layout}) == outcome(fn, args, {})
+
+
+@given(requests(odd=False), page_sizes, reserves)
+def test_from_reqs_equal_array_functions(reqs, p, r):
+    def length(req, attr):
+        try:
+            return _read(req, attr, "either")
+        except Exception:
+            return None
+
+    c = [length(q, "kv_committed_len") for q in reqs]
+    a = [length(q, "kv_allocated_len") for q in reqs]
+    if None in c or None in a:
+        return
+    assert outcome(kvest.spec_v2_new_tokens_from_reqs, (reqs, p, r), {}) == outcome(
+        reference.spec_v2_new_tokens, (c, a, p, r), {})
+    assert outcome(kvest.decode_new_tokens_from_reqs, (reqs, p), {}) == outcome(
+        reference.decode_new_tokens, (c, p), {})
+    plan = outcome(kvest.decode_alloc_plan_from_reqs, (reqs, p, r), {})
+    assert plan == outcome(reference.decode_alloc_plan, (c, a, p, r), {})
+
+
+# ------------------------------------------------------- types that change
+
+def _mutations():
+    """(description, function changing the class) pairs, applied between calls."""
+    def add_property(cls):
+        cls.kv_committed_len = property(lambda self: 5)
+
+    def add_raising_property(cls):
+        def boom(self):
+            raise AttributeError("gone")
+        cls.kv_committed_len = property(boom)
+
+    def add_class_value(cls):
+        cls.kv_allocated_len = 10**6
+
+    def add_getattr(cls):
+        cls.__getattr__ = lambda self, name: 9 if name.startswith("kv_") else None
+
+    def add_kv_property(cls):
+        cls.kv = property(lambda self: TinyFlat(2, 3))
+
+    def remove(cls):
+        for name in ("kv_committed_len", "kv_allocated_len", "__getattr__", "kv"):
+            if name in vars(cls):
+                delattr(cls, name)
+
+    return [add_property, add_raising_property, add_class_value, add_getattr,
+            add_kv_property, remove]
+
+
+@pytest.mark.parametrize("base", [FlatReq, NestedReq, TinyFlat, TinyNested])
+@given(st.lists(st.sampled_from(_mutations()), max_size=6),
+       st.lists(st.tuples(lengths, lengths), min_size=1, max_size=20), page_sizes)
+def test_types_mutated_between_calls(base, changes, pairs, p):
+    # A fresh subclass per example: the mutations never leak out.
+    cls = type(f"Mutable{base.__name__}", (base,), {})
+    reqs = [cls(c, a) for c, a in pairs]
+    check("spec_v2", reqs, p, 16)
+    for change in changes:
+        change(cls)
+        check("spec_v2", reqs, p, 16)
+        check("decode", reqs, p)
+        check("plan", reqs, p, 16)
+
+
+def test_type_mutated_during_a_call():
+    """A property that changes another request type mid-call: later requests see it."""
+    class Victim(TinyFlat):
+        pass
+
+    class Saboteur:
+        kv_allocated_len = 0
+
+        @property
+        def kv_committed_len(self):
+            Victim.kv_committed_len = property(lambda self: 1000)
+            return 0
+
+    def batch():
+        return [Victim(16, 16), Saboteur(), Victim(16, 16)]
+
+    for impl in IMPLS:
+        for name in ("kv_committed_len",):
+            if name in vars(Victim):
+                delattr(Victim, name)
+        # 16 -> 32 | 0 | 1000 + 16 = 1016 -> 1024, minus 16
+        assert impl.spec_v2_new_tokens_from_reqs(batch(), 16, 16) == 16 + 16 + 1008
+
+
+def test_kv_property_read_as_often_as_the_twin_reads_it():
+    class Counting:
+        reads = 0
+
+        @property
+        def kv(self):
+            Counting.reads += 1
+            return TinyFlat(5, 8)
+
+    counts = []
+    for impl in IMPLS:
+        Counting.reads = 0
+        impl.spec_v2_new_tokens_from_reqs([Counting(), Counting()], 16, 4)
+        counts.append(Counting.reads)
+    assert counts[0] == counts[1] == 4
+
+
+def test_list_changed_during_the_walk():
+    """A request that empties the list: the walk stops where a list iterator does."""
+    class Emptier:
+        kv_allocated_len = 0
+
+        def __init__(self, batch):
+            self.batch = batch
+
+        @property
+        def kv_committed_len(self):
+            self.batch.clear()
+            return 16
+
+    for impl in IMPLS:
+        reqs: list = []
+        reqs.extend([Emptier(reqs), TinyFlat(1, 1), TinyFlat(2, 2)])
+        assert impl.spec_v2_new_tokens_from_reqs(reqs, 16, 0) == 16
+
+
+# ---------------------------------------------------------- fixed cases
+
+GOOD = [TinyFlat(5, 8), TinyNested(16, 16), _slotted(31, 32), WithProperties(40, 48),
+        TinyFlat(np.int64(3), np.int32(3))]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
 def test_accepted_request_kinds(impl):
     # (5,8): 16-16 | (16,16): 32-16 | (31,32): 48-32 | (40,48): 48-48 | (3,3): 16-16
     assert impl.spec_v2_new_tokens_from_reqs(GOOD, 16, 6) == 32
     assert impl.spec_v2_new_tokens_from_reqs(iter(GOOD), 16, 6) == 32
     assert impl.spec_v2_new_tokens_from_reqs(tuple(GOOD), 16, 6) == 32
     assert impl.decode_new_tokens_from_reqs(GOOD, 16) == 16
+    assert impl.spec_v2_new_tokens_from_reqs(GOOD, 16, 6, [1, -1, 1]) == 32
+    assert impl.spec_v2_new_tokens_from_reqs(GOOD, 16, 6, np.array([], np.int64)) == 0
+    plan = impl.decode_alloc_plan_from_reqs(GOOD, 16, 6, dtype=np.int32)
+    assert plan.cur.dtype == plan.nxt.dtype == np.int32
+    assert plan.cur.tolist() == [8, 16, 32, 48, 3]
+    assert plan.nxt.tolist() == [16, 32, 48, 48, 16]
+    assert (plan.num_tokens, plan.num_pages) == (53, 2)
+    assert impl.decode_alloc_plan_from_reqs(GOOD, 16, 6).cur.dtype == np.int64
+
+
+BAD_REQS = [
+    ([TinyFlat(1, 1), object()], AttributeError),
+    ([_release(TinyFlat)(1, MISSING)], AttributeError),
+    ([_kv_none(1, 1)], AttributeError),
+    ([_nested_slotted(MISSING, 4)], AttributeError),  # an unset slot
+    ([TinyFlat(1.0, 1)], TypeError),
+    ([TinyFlat(True, 1)], TypeError),
+    ([TinyFlat(None, 1)], TypeError),
+    ([TinyFlat("3", 1)], TypeError),
+    ([PropertyRaises(1, 1)], LookupError),
+    ([TinyFlat(-1, 0)], ValueError),
+    ([TinyFlat(0, -1)], ValueError),
+    ([TinyFlat(2**63, 0)], OverflowError),
+    ([TinyFlat(2**63 - 1, 0)], OverflowError),
+    # A huge row (checked path) then a small one (fast path) past int64.
+    ([TinyFlat(2**63 - 1, 0), TinyFlat(1, 0)], OverflowError),
+    (None, TypeError),
+    (5, TypeError),
+]
 
 
 @pytest.mark.parametrize(("reqs", "exc"), BAD_REQS)
-@pytest.mark.parametrize("impl", [kvest, reference], ids=["kvest", "reference"])
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
 def test_bad_requests(impl, reqs, exc):
     with pytest.raises(exc):
         impl.spec_v2_new_tokens_from_reqs(reqs, 16, 6)
     check_same("spec_v2_new_tokens_from_reqs", reqs, 16, 6)
     check_same("decode_new_tokens_from_reqs", reqs, 16)
+    check_same("decode_alloc_plan_from_reqs", reqs, 16, 6)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_bad_arguments(impl):
+    reqs = [TinyFlat(1, 1)] * 3
+    with pytest.raises(IndexError, match=r"indices\[1\]"):
+        impl.spec_v2_new_tokens_from_reqs(reqs, 16, 6, [0, 3])
+    with pytest.raises(IndexError):
+        impl.decode_new_tokens_from_reqs(reqs, 16, (-4,))
+    with pytest.raises(TypeError):
+        impl.decode_new_tokens_from_reqs(reqs, 16, [0.0])
+    with pytest.raises(TypeError, match="sequence"):
+        impl.spec_v2_new_tokens_from_reqs(iter(reqs), 16, 6, [0])
+    with pytest.raises(ValueError, match="layout"):
+        impl.spec_v2_new_tokens_from_reqs(reqs, 16, 6, layout="sideways")
+    with pytest.raises(TypeError, match="layout"):
+        impl.decode_new_tokens_from_reqs(reqs, 16, layout=1)
+    with pytest.raises(TypeError, match="dtype"):
+        impl.decode_alloc_plan_from_reqs(reqs, 16, 6, dtype=np.float64)
+    with pytest.raises(TypeError, match="dtype"):
+        impl.decode_alloc_plan_from_reqs(
+            reqs, 16, 6, dtype=np.int32, out=(np.empty(3, np.int64), np.empty(3, np.int64)))
+    with pytest.raises(ValueError):
+        impl.decode_alloc_plan_from_reqs(
+            reqs, 16, 6, out=(np.empty(2, np.int64), np.empty(2, np.int64)))
+    shared = np.empty(3, np.int64)
+    with pytest.raises(ValueError):
+        impl.decode_alloc_plan_from_reqs(reqs, 16, 6, out=(shared, shared))
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_plan_out_buffers_and_int32_overflow(impl):
+    reqs = [TinyNested(100, 90), TinyNested(2**31 - 10, 2**31 + 5)]
+    cur, nxt = np.empty(2, np.int64), np.empty(2, np.int32)
+    with pytest.raises(OverflowError, match=r"out\[1\]\[1\]"):
+        impl.decode_alloc_plan_from_reqs(reqs, 16, 64, out=(cur, nxt))
+    with pytest.raises(OverflowError, match=r"out\[0\]\[0\]"):
+        impl.decode_alloc_plan_from_reqs(reqs, 16, 0, dtype="int32", indices=[1])
+    plan = impl.decode_alloc_plan_from_reqs(reqs, 16, 64, indices=[0, 0], dtype="int32")
+    assert plan.cur.tolist() == [90, 90] and plan.nxt.tolist() == [176, 176]
+    cur, nxt = np.zeros(1, np.int32), np.zeros(1, np.int32)
+    plan = impl.decode_alloc_plan_from_reqs(reqs[:1], 16, 64, out=(cur, nxt), layout="nested")
+    assert plan.cur is cur and plan.nxt is nxt and nxt[0] == 176
+    unaligned = impl.decode_alloc_plan_from_reqs(reqs[:1], 16, 64, page_aligned=False)
+    assert unaligned.nxt.tolist() == [164] and unaligned.num_pages * 16 == 80
 
 
 def test_bad_request_messages_name_the_position():
-    with pytest.raises(AttributeError, match=r"reqs\[1\]"):
-        kvest.spec_v2_new_tokens_from_reqs([FlatReq(1, 1), Odd()], 16, 6)
-    with pytest.raises(ValueError, match=r"reqs\[0\]"):
-        kvest.decode_new_tokens_from_reqs([FlatReq(-1, 0)], 16)
+    for impl in IMPLS:
+        with pytest.raises(AttributeError, match=r"reqs\[1\]"):
+            impl.spec_v2_new_tokens_from_reqs([TinyFlat(1, 1), object()], 16, 6)
+        with pytest.raises(ValueError, match=r"reqs\[0\]"):
+            impl.decode_new_tokens_from_reqs([TinyFlat(-1, 0)], 16)
+        with pytest.raises(ValueError, match=r"reqs\[2\]"):
+            impl.decode_new_tokens_from_reqs([TinyFlat(-1, 0)] * 3, 16, [-1])
+        with pytest.raises(AttributeError, match=r"reqs\[0\] has no \.kv\.kv_committed_len"):
+            impl.decode_new_tokens_from_reqs([TinyFlat(1, 1)], 16, layout="nested")

@@ -30,6 +30,20 @@ cdef extern from "loops.h" nogil:
     int kv_current_variant()
 
 
+# The row formulas, defined once (rows.h) for every compiled path.
+cdef extern from "rows.h" nogil:
+    int64_t kv_ceil_div(int64_t x, int64_t p)
+    uint64_t kv_spec_v2_row_fast(uint64_t c, uint64_t a, uint64_t reserve, const kv_divisor *d)
+    int kv_spec_v2_row(int64_t c, int64_t a, int64_t p, int64_t reserve, int64_t *tokens)
+    int kv_add_total(int64_t *total, int64_t term)
+    int kv_mod_row_fast(uint64_t c, const kv_divisor *d, uint64_t want)
+    int kv_mod_row(int64_t c, int64_t p, int64_t want)
+    int kv_plan_row(int64_t c, int64_t a, int64_t p, int64_t reserve, int aligned,
+                    int64_t *nxt)
+    uint64_t kv_plan_row_fast(uint64_t c, uint64_t a, uint64_t reserve, int aligned,
+                              const kv_divisor *d, uint64_t *nxt)
+
+
 cdef inline int64_t _count(object value, str name, int64_t minimum) except -1:
     """A scalar argument as int64 >= minimum (exact ints fast, the rest via as_count)."""
     cdef int overflow = 0
@@ -55,7 +69,7 @@ cdef inline object _times_page(uint64_t count, int64_t p, str what):
 
 cdef inline int64_t _ceil_div(int64_t x, int64_t p) noexcept nogil:
     # x >= 0, p >= 1
-    return x // p + (x % p != 0)
+    return kv_ceil_div(x, p)
 
 
 cdef inline int64_t _fits_add(int64_t x, int64_t y, str what) except? -1:

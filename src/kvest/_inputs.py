@@ -209,6 +209,11 @@ def req_length(req: Any, pos: int, attr: str) -> int:
             value = getattr(req.kv, attr)
         except AttributeError:
             raise AttributeError(f"reqs[{pos}] has neither .{attr} nor .kv.{attr}") from None
+    return req_length_value(value, pos, attr)
+
+
+def req_length_value(value: Any, pos: int, attr: str) -> int:
+    """The value read for ``reqs[pos].<attr>`` as a length: see :func:`req_length`."""
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"reqs[{pos}].{attr} must be an integer, not bool")
     try:
@@ -222,3 +227,73 @@ def req_length(req: Any, pos: int, attr: str) -> int:
     if value > INT64_MAX:
         raise OverflowError(f"reqs[{pos}].{attr} = {value} does not fit in int64")
     return value
+
+
+def req_rows(reqs: Any, indices: Any) -> tuple[Any, np.ndarray | None]:
+    """``reqs`` and the validated rows ``indices`` selects (``None``: every request).
+
+    With ``indices``, ``reqs`` must be a sequence (``len`` and indexing); rows
+    follow Python list semantics and are checked before any request is read.
+    """
+    if indices is None:
+        return reqs, None
+    try:
+        n = len(reqs)
+    except TypeError:
+        raise TypeError(
+            f"reqs must be a sequence (len and indexing) when indices is given, "
+            f"not {_describe(reqs)}"
+        ) from None
+    return reqs, as_indices(indices, n)
+
+
+_PLAN_DTYPES = {np.dtype(np.int32): np.int32, np.dtype(np.int64): np.int64}
+
+
+def as_plan_out(out: Any, n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``out=(cur, nxt)`` buffers for a plan of ``n`` rows, or new ones of ``dtype``.
+
+    ``dtype`` is int32 or int64 (``None``: int64); given with ``out``, both
+    buffers must have it.
+    """
+    want = None
+    if dtype is not None:
+        try:
+            want = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"dtype must be int32 or int64, not {dtype!r}") from None
+        if want not in _PLAN_DTYPES:
+            raise TypeError(f"dtype must be int32 or int64, got {want}")
+    if out is None:
+        kind = np.int64 if want is None else _PLAN_DTYPES[want]
+        return np.empty(n, dtype=kind), np.empty(n, dtype=kind)
+    cur, nxt = as_out(out, n)
+    if want is not None:
+        for name, buf in (("out[0]", cur), ("out[1]", nxt)):
+            if buf.dtype != want:
+                raise TypeError(f"{name} has dtype {buf.dtype}, but dtype={want} was asked for")
+    if np.may_share_memory(cur, nxt):  # contiguous buffers: bounds overlap = overlap
+        raise ValueError("out[0] and out[1] must not share memory")
+    return cur, nxt
+
+
+# Where each length is read, by request layout: (committed, allocated), each
+# "either" (req.<name>, else req.kv.<name>), "flat" or "nested".
+REQ_LAYOUTS = {
+    None: ("either", "either"),
+    "flat": ("flat", "flat"),  # sglang 0.5.11-0.5.15
+    "mixed": ("flat", "nested"),  # 0.5.16-0.5.18: allocated under req.kv
+    "nested": ("nested", "nested"),  # 0.5.19+: both under req.kv
+}
+
+
+def as_req_layout(layout: Any) -> tuple[str, str]:
+    """Where ``layout`` says each length is: see :data:`REQ_LAYOUTS`."""
+    if layout is not None and not isinstance(layout, str):
+        raise TypeError(f"layout must be None or a string, not {_describe(layout)}")
+    try:
+        return REQ_LAYOUTS[layout]
+    except KeyError:
+        raise ValueError(
+            f"layout must be None, 'flat', 'mixed' or 'nested', got {layout!r}"
+        ) from None

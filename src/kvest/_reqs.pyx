@@ -1,123 +1,415 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # cython: initializedcheck=False
-# Free-threading: the module keeps no state; every call reads its requests
-# through the C API (which keeps them alive) into locals, so no lock is needed.
+# Free-threading: the module keeps no state; every call keeps its per-type
+# lookup cache on its own stack and reads its requests through the C API
+# (which keeps them alive), so no lock is needed.
 # cython: freethreading_compatible=True
 """Compiled request-object kernels: the same names, signatures and exceptions
 as kvest.reference._reqs, their pure-Python twin.
 
 A scheduler holds request objects, not arrays: these read each request's
 ``kv_committed_len`` / ``kv_allocated_len`` (flat, or under ``req.kv``) in one
-compiled pass.
+compiled pass.  How each name is read is worked out once per request type and
+call (src/_src/reqattr.h): an instance-dict probe, a slot read at a member
+descriptor's offset, or the generic lookup; the row arithmetic is the shared
+row formulas (src/_src/rows.h).
 """
 
+cimport numpy as cnp
+from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from libc.stdint cimport INT64_MAX, int64_t, uint64_t
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint64_t
 
 from kvest._common cimport (
     KV_FAST_LIMIT,
-    _ceil_div,
     _count,
     _fast_range,
     _times_page,
-    kv_cdiv,
+    kv_add_total,
+    kv_ceil_div,
     kv_divisor,
     kv_divisor_init,
+    kv_mod_row,
+    kv_mod_row_fast,
+    kv_plan_row,
+    kv_plan_row_fast,
+    kv_spec_v2_row,
+    kv_spec_v2_row_fast,
 )
 
-from kvest._inputs import req_length
+from kvest._inputs import as_plan_out, as_req_layout, req_length_value, req_rows
 from kvest._names import REQ_FUNCTIONS
+from kvest._types import AllocPlan
 
 __all__ = list(REQ_FUNCTIONS)
 
-
-cdef object _MISSING = object()
-
-
-cdef inline int64_t _as_length(object v, object req, Py_ssize_t pos, str attr) except? -1:
-    """An exact int in range as int64; anything else goes to the shared input
-    rule, which converts it (NumPy integers) or raises its exception."""
-    cdef int overflow = 0
-    cdef long long x
-    if type(v) is int:
-        x = PyLong_AsLongLongAndOverflow(v, &overflow)
-        if overflow == 0 and x >= 0:
-            return x
-    return req_length(req, pos, attr)
+cnp.import_array()
 
 
-cdef inline int64_t _committed(object req, Py_ssize_t pos) except? -1:
-    """req.kv_committed_len, flat or under req.kv."""
-    # getattr with a default takes CPython's no-exception lookup: a missing
-    # flat attribute costs a dict probe, not a raised AttributeError.
-    v = getattr(req, "kv_committed_len", _MISSING)
-    if v is _MISSING:
-        v = getattr(getattr(req, "kv", None), "kv_committed_len", _MISSING)
-    return _as_length(v, req, pos, "kv_committed_len")
+cdef extern from "reqattr.h":
+    ctypedef struct kv_cache:
+        pass
+    ctypedef struct kv_req_state:
+        pass
+    enum:
+        KV_COMMITTED
+        KV_ALLOCATED
+        KV_AT_EITHER
+        KV_AT_FLAT
+        KV_AT_NESTED
+        KV_LEN_ERROR
+        KV_LEN_MISSING
+        KV_LEN_OK
+        KV_LEN_VALUE
+    void kv_cache_init(kv_cache *c, PyObject *committed, PyObject *allocated,
+                       PyObject *nested)
+    void kv_req_begin(kv_req_state *st)
+    void kv_req_forget(kv_req_state *st)
+    int kv_req_length(kv_cache *c, PyObject *req, int which, int at, kv_req_state *st,
+                      int64_t *length, PyObject **value)
 
 
-cdef inline int _both(object req, Py_ssize_t pos, int64_t *c, int64_t *a) except -1:
-    """req's committed and allocated lengths, reading req.kv once if nested."""
-    vc = getattr(req, "kv_committed_len", _MISSING)
-    va = getattr(req, "kv_allocated_len", _MISSING)
-    if vc is _MISSING or va is _MISSING:
-        kv = getattr(req, "kv", None)
-        if vc is _MISSING:
-            vc = getattr(kv, "kv_committed_len", _MISSING)
-        if va is _MISSING:
-            va = getattr(kv, "kv_allocated_len", _MISSING)
-    c[0] = _as_length(vc, req, pos, "kv_committed_len")
-    a[0] = _as_length(va, req, pos, "kv_allocated_len")
-    return 0
+# Interned: the per-type lookups and dict probes compare these by identity first.
+cdef str _COMMITTED = "kv_committed_len"
+cdef str _ALLOCATED = "kv_allocated_len"
+cdef str _NESTED = "kv"
 
 
-cdef inline void _row_overflow(Py_ssize_t pos) except *:
+# ----------------------------------------------------------- reading lengths
+
+cdef int64_t _length_slow(int status, object req, Py_ssize_t pos, int which, int at,
+                          kv_req_state *st, PyObject *value) except -1:
+    """The rare outcomes: an error, a missing attribute, a value the Python rule judges."""
+    cdef str attr = _COMMITTED if which == KV_COMMITTED else _ALLOCATED
+    # Python code may run from here: a held req.kv may no longer be current.
+    kv_req_forget(st)
+    if status == KV_LEN_ERROR:
+        return -1  # the exception the lookup raised
+    if status == KV_LEN_MISSING:
+        if at == KV_AT_EITHER:
+            raise AttributeError(f"reqs[{pos}] has neither .{attr} nor .kv.{attr}")
+        raise AttributeError(f"reqs[{pos}] has no .{'kv.' if at == KV_AT_NESTED else ''}{attr}")
+    v = <object>value
+    Py_DECREF(v)  # v now holds the reference the lookup returned
+    return req_length_value(v, pos, attr)
+
+
+cdef inline int64_t _length(kv_cache *cache, object req, Py_ssize_t pos, int which, int at,
+                            kv_req_state *st) except -1:
+    """reqs[pos]'s length ``which``, read where ``at`` says and checked by the shared rule."""
+    cdef int64_t x = 0
+    cdef PyObject *value = NULL
+    cdef int status = kv_req_length(cache, <PyObject *>req, which, at, st, &x, &value)
+    if status == KV_LEN_OK:
+        return x
+    return _length_slow(status, req, pos, which, at, st, value)
+
+
+# ------------------------------------------------------------- one request
+
+cdef enum Kind:
+    SPEC_V2
+    DECODE
+    PLAN
+
+
+cdef struct Job:
+    Kind kind
+    int at_committed, at_allocated  # KV_AT_*: where each length is read
+    int64_t p, r
+    bint fast  # p and r in the fast range (each row checks its own lengths)
+    bint aligned
+    kv_divisor d
+    int64_t tokens  # SPEC_V2, PLAN
+    int64_t pages  # PLAN
+    uint64_t count  # DECODE
+    Py_ssize_t row  # PLAN: the output row being written
+    void *cur
+    void *nxt
+    bint cur32, nxt32
+
+
+cdef int _overflow(Job *job, Py_ssize_t pos) except -1:
+    if job.kind == PLAN:
+        raise OverflowError(f"decode_alloc_plan_from_reqs: at reqs[{pos}] an intermediate "
+                            "value or the token total does not fit in int64")
     raise OverflowError(f"reqs[{pos}]: an intermediate value or the running total "
                         "does not fit in int64")
 
 
-def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve):
+cdef int _plan_range(Job *job, int out, int64_t value) except -1:
+    raise OverflowError(f"out[{out}][{job.row}] = {value} does not fit its dtype")
+
+
+cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
+    cdef kv_req_state st
+    cdef int64_t c, a, tokens = 0, nxt
+    cdef uint64_t nxt_fast, pages
+    kv_req_begin(&st)
+    c = _length(cache, req, pos, KV_COMMITTED, job.at_committed, &st)
+    if job.kind == DECODE:
+        kv_req_forget(&st)
+        if job.fast and <uint64_t>c < KV_FAST_LIMIT:
+            job.count += kv_mod_row_fast(c, &job.d, 0)
+        else:
+            job.count += kv_mod_row(c, job.p, 0)
+        return 0
+    a = _length(cache, req, pos, KV_ALLOCATED, job.at_allocated, &st)
+    kv_req_forget(&st)
+    cdef bint fast_row = job.fast and <uint64_t>(c | a) < KV_FAST_LIMIT
+    if job.kind == SPEC_V2:
+        if fast_row:
+            tokens = <int64_t>kv_spec_v2_row_fast(c, a, job.r, &job.d) * job.p
+        elif kv_spec_v2_row(c, a, job.p, job.r, &tokens):
+            return _overflow(job, pos)
+        # Checked on both paths: a huge earlier row can bring the total near
+        # the int64 limit, and a small row can then push it over.
+        if kv_add_total(&job.tokens, tokens):
+            return _overflow(job, pos)
+        return 0
+    if fast_row:
+        pages = kv_plan_row_fast(c, a, job.r, job.aligned, &job.d, &nxt_fast)
+        nxt = <int64_t>nxt_fast
+    else:
+        if kv_plan_row(c, a, job.p, job.r, job.aligned, &nxt):
+            return _overflow(job, pos)
+        pages = kv_ceil_div(nxt, job.p) - kv_ceil_div(a, job.p)
+    if job.cur32:
+        if a > INT32_MAX:
+            return _plan_range(job, 0, a)
+        (<int32_t *>job.cur)[job.row] = <int32_t>a
+    else:
+        (<int64_t *>job.cur)[job.row] = a
+    if job.nxt32:
+        if nxt > INT32_MAX:
+            return _plan_range(job, 1, nxt)
+        (<int32_t *>job.nxt)[job.row] = <int32_t>nxt
+    else:
+        (<int64_t *>job.nxt)[job.row] = nxt
+    if kv_add_total(&job.tokens, nxt - a):
+        return _overflow(job, pos)
+    job.pages += pages  # pages <= tokens: cannot overflow
+    job.row += 1
+    return 0
+
+
+# ----------------------------------------------------------- the requests
+
+cdef int64_t *_exact_rows(object indices, Py_ssize_t n, Py_ssize_t *m) except? NULL:
+    """indices as row numbers if it is a list or tuple of in-range exact ints.
+
+    Returns a PyMem_Malloc'd array (the caller frees it), or NULL when indices
+    is anything else -- including a bad entry, which the shared input rule
+    then reports with its own exception.
+    """
+    cdef Py_ssize_t k, size
+    cdef bint is_list = type(indices) is list
+    cdef PyObject *item
+    cdef long long i
+    cdef int overflow
+    if not is_list and type(indices) is not tuple:
+        return NULL
+    size = PyList_GET_SIZE(indices) if is_list else PyTuple_GET_SIZE(indices)
+    cdef int64_t *rows = <int64_t *>PyMem_Malloc(max(size, 1) * sizeof(int64_t))
+    if rows == NULL:
+        raise MemoryError()
+    for k in range(size):
+        item = PyList_GET_ITEM(indices, k) if is_list else PyTuple_GET_ITEM(indices, k)
+        overflow = 0
+        if type(<object>item) is not int:
+            PyMem_Free(rows)
+            return NULL
+        i = PyLong_AsLongLongAndOverflow(<object>item, &overflow)
+        if overflow or i < -n or i >= n:
+            PyMem_Free(rows)
+            return NULL
+        rows[k] = i + n if i < 0 else i
+    m[0] = size
+    return rows
+
+
+cdef int _walk_all(Job *job, object reqs) except -1:
+    cdef kv_cache cache
+    cdef Py_ssize_t pos = 0
+    kv_cache_init(&cache, <PyObject *>_COMMITTED, <PyObject *>_ALLOCATED, <PyObject *>_NESTED)
+    if type(reqs) is list:
+        # The size is read every step, as a list iterator does.
+        while pos < PyList_GET_SIZE(reqs):
+            _row(job, &cache, <object>PyList_GET_ITEM(reqs, pos), pos)
+            pos += 1
+    elif type(reqs) is tuple:
+        while pos < PyTuple_GET_SIZE(reqs):
+            _row(job, &cache, <object>PyTuple_GET_ITEM(reqs, pos), pos)
+            pos += 1
+    else:
+        for req in reqs:
+            _row(job, &cache, req, pos)
+            pos += 1
+    return 0
+
+
+cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) except -1:
+    """The requests at rows (already checked to lie in [0, len(reqs)) when read)."""
+    cdef kv_cache cache
+    cdef Py_ssize_t j, pos
+    cdef bint is_list = type(reqs) is list, is_tuple = type(reqs) is tuple
+    kv_cache_init(&cache, <PyObject *>_COMMITTED, <PyObject *>_ALLOCATED, <PyObject *>_NESTED)
+    for j in range(m):
+        pos = rows[j]
+        if is_list and pos < PyList_GET_SIZE(reqs):
+            _row(job, &cache, <object>PyList_GET_ITEM(reqs, pos), pos)
+        elif is_tuple:
+            _row(job, &cache, <object>PyTuple_GET_ITEM(reqs, pos), pos)
+        else:
+            _row(job, &cache, reqs[pos], pos)
+    return 0
+
+
+cdef class _Rows:
+    """The selected rows of one call: a checked list/tuple fast, else the shared rule."""
+    cdef int64_t *rows
+    cdef Py_ssize_t m
+    cdef object array  # keeps the checked int64 array alive
+
+    def __dealloc__(self):
+        if self.rows != NULL and self.array is None:
+            PyMem_Free(self.rows)
+
+
+cdef _Rows _select(object reqs, object indices):
+    cdef _Rows sel = _Rows.__new__(_Rows)
+    cdef Py_ssize_t n = -1
+    cdef cnp.ndarray arr
+    if type(reqs) is list:
+        n = PyList_GET_SIZE(reqs)
+    elif type(reqs) is tuple:
+        n = PyTuple_GET_SIZE(reqs)
+    if n >= 0:
+        sel.rows = _exact_rows(indices, n, &sel.m)
+        if sel.rows != NULL:
+            return sel
+    _, checked = req_rows(reqs, indices)
+    n = len(reqs)
+    # Normalised once here so the walk reads rows as they are.
+    arr = cnp.PyArray_FROM_OTF(checked, cnp.NPY_INT64, cnp.NPY_ARRAY_C_CONTIGUOUS)
+    arr = arr + (arr < 0) * n
+    sel.array = arr
+    sel.rows = <int64_t *>cnp.PyArray_DATA(arr)
+    sel.m = cnp.PyArray_DIMS(arr)[0]
+    return sel
+
+
+cdef dict _AT = {"either": KV_AT_EITHER, "flat": KV_AT_FLAT, "nested": KV_AT_NESTED}
+
+
+cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout) except -1:
+    at_committed, at_allocated = as_req_layout(layout)
+    job.at_committed = _AT[at_committed]
+    job.at_allocated = _AT[at_allocated]
+    job.kind = kind
+    job.p = p
+    job.r = r
+    job.fast = _fast_range(0, p, r)
+    job.aligned = True
+    job.tokens = job.pages = 0
+    job.count = 0
+    job.row = 0
+    job.cur = job.nxt = NULL
+    job.cur32 = job.nxt32 = False
+    kv_divisor_init(&job.d, p)
+    return 0
+
+
+# ------------------------------------------------------------- estimators
+
+def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layout=None):
     """:func:`spec_v2_new_tokens` read straight from request objects.
 
     Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
-    flat on the request or nested under ``req.kv``.
+    flat on the request or nested under ``req.kv``.  ``indices`` selects
+    requests with Python list semantics (``reqs`` must then be a sequence).
+    ``layout`` (``"flat"``, ``"mixed"``, ``"nested"``) reads each length
+    only where that SGLang layout keeps it, skipping the search the default
+    (``None``: ``req.<name>``, else ``req.kv.<name>``) makes.
     """
-    cdef int64_t p = _count(page_size, "page_size", 1)
-    cdef int64_t r = _count(reserve, "reserve", 0)
-    cdef int64_t c = 0, a = 0, need, tokens, total = 0
-    cdef int64_t max_pages = INT64_MAX // p
-    cdef Py_ssize_t pos = 0
-    cdef kv_divisor d
-    cdef bint fast = _fast_range(0, p, r)
-    kv_divisor_init(&d, p)
-    for req in reqs:
-        _both(req, pos, &c, &a)
-        if fast and <uint64_t>(c | a) < KV_FAST_LIMIT:
-            # Division by shift or multiply (see loops.h), exact in this range.
-            need = c + r if c + r > a else a
-            tokens = (<int64_t>kv_cdiv(need, &d) - <int64_t>kv_cdiv(a, &d)) * p
-        else:
-            if c > INT64_MAX - r:
-                _row_overflow(pos)
-            need = _ceil_div(c + r if c + r > a else a, p)
-            if need > max_pages:
-                _row_overflow(pos)
-            tokens = (need - _ceil_div(a, p)) * p
-        # Checked on both paths: an earlier huge row can bring the total near
-        # the int64 limit, and a small row can then push it over.
-        if total > INT64_MAX - tokens:
-            _row_overflow(pos)
-        total += tokens
-        pos += 1
-    return total
+    cdef Job job
+    cdef _Rows sel
+    _job_init(&job, SPEC_V2, _count(page_size, "page_size", 1), _count(reserve, "reserve", 0),
+              layout)
+    if indices is None:
+        _walk_all(&job, reqs)
+    else:
+        sel = _select(reqs, indices)
+        _walk_rows(&job, reqs, sel.rows, sel.m)
+    return job.tokens
 
 
-def decode_new_tokens_from_reqs(reqs, page_size):
+def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None):
     """:func:`decode_new_tokens` read straight from request objects."""
-    cdef int64_t p = _count(page_size, "page_size", 1)
-    cdef uint64_t pages = 0
+    cdef Job job
+    cdef _Rows sel
+    _job_init(&job, DECODE, _count(page_size, "page_size", 1), 0, layout)
+    if indices is None:
+        _walk_all(&job, reqs)
+    else:
+        sel = _select(reqs, indices)
+        _walk_rows(&job, reqs, sel.rows, sel.m)
+    return _times_page(job.count, job.p, "decode_new_tokens_from_reqs")
+
+
+def decode_alloc_plan_from_reqs(reqs, page_size, reserve, *, page_aligned=True, indices=None,
+                                out=None, dtype=None, layout=None):
+    """:func:`decode_alloc_plan` read straight from request objects, in one pass.
+
+    Per selected request ``cur = A`` and ``nxt = max(A, ceil_align(C + R, p))``
+    (``page_aligned``) or ``nxt = max(A, C + R)``.  ``cur`` and ``nxt`` are new
+    arrays of ``dtype`` (int32 or int64; default int64), or ``out=(cur, nxt)``.
+    A value its array's dtype cannot hold raises ``OverflowError`` naming
+    ``out[0]`` (cur) or ``out[1]`` (nxt).
+    """
+    cdef Job job
+    cdef _Rows sel = None
+    cdef Py_ssize_t m
+    _job_init(&job, PLAN, _count(page_size, "page_size", 1), _count(reserve, "reserve", 0),
+              layout)
+    job.aligned = bool(page_aligned)
+    if indices is None:
+        if type(reqs) is not list and type(reqs) is not tuple:
+            reqs = list(reqs)  # the plan's length must be known before the first row
+        m = len(reqs)
+    else:
+        sel = _select(reqs, indices)
+        m = sel.m
+    cur_out, nxt_out = as_plan_out(out, m, dtype)
+    cdef cnp.ndarray cur_buf = cur_out, nxt_buf = nxt_out
+    job.cur = cnp.PyArray_DATA(cur_buf)
+    job.nxt = cnp.PyArray_DATA(nxt_buf)
+    job.cur32 = cnp.PyArray_ITEMSIZE(cur_buf) == 4
+    job.nxt32 = cnp.PyArray_ITEMSIZE(nxt_buf) == 4
+    if sel is None:
+        if type(reqs) is list:
+            # A request's property could shrink the list mid-walk: never
+            # write past the buffers sized from its length at the start.
+            _walk_rows_dense_list(&job, reqs, m)
+        else:
+            _walk_all(&job, reqs)
+    else:
+        _walk_rows(&job, reqs, sel.rows, sel.m)
+    return AllocPlan(cur_out, nxt_out, job.tokens, job.pages)
+
+
+cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
+    cdef kv_cache cache
     cdef Py_ssize_t pos = 0
-    for req in reqs:
-        pages += _committed(req, pos) % p == 0
+    kv_cache_init(&cache, <PyObject *>_COMMITTED, <PyObject *>_ALLOCATED, <PyObject *>_NESTED)
+    while pos < PyList_GET_SIZE(reqs):
+        if pos == m:
+            # The twin's walk writes row m of an m-row buffer here.
+            raise IndexError(f"index {m} is out of bounds for axis 0 with size {m}")
+        _row(job, &cache, <object>PyList_GET_ITEM(reqs, pos), pos)
         pos += 1
-    return _times_page(pages, p, "decode_new_tokens_from_reqs")
+    return 0

@@ -7,11 +7,24 @@ arithmetic is done on Python ints, with int64 limits checked as values appear.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from kvest._inputs import INT64_MAX, as_count, req_length, result_int64
+import numpy as np
+import numpy.typing as npt
+
+from kvest._inputs import (
+    INT64_MAX,
+    as_count,
+    as_plan_out,
+    as_req_layout,
+    req_length,
+    req_length_value,
+    req_rows,
+    result_int64,
+)
 from kvest._names import REQ_FUNCTIONS
+from kvest._types import AllocPlan
 
 __all__ = list(REQ_FUNCTIONS)
 
@@ -20,35 +33,113 @@ def _ceil_align(x: int, p: int) -> int:
     return -(-x // p) * p
 
 
+def _ceil_div(x: int, p: int) -> int:
+    return -(-x // p)
+
+
 def _fits(value: int, what: str) -> int:
     if value > INT64_MAX:
         raise OverflowError(f"{what} = {value} does not fit in int64")
     return value
 
 
-def spec_v2_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int, reserve: int) -> int:
+def _length(req: Any, pos: int, attr: str, where: str) -> int:
+    """reqs[pos].<attr> read where the layout says (see kvest._inputs.REQ_LAYOUTS)."""
+    if where == "either":
+        return req_length(req, pos, attr)
+    path = f".kv.{attr}" if where == "nested" else f".{attr}"
+    try:
+        value = getattr(req.kv if where == "nested" else req, attr)
+    except AttributeError:
+        raise AttributeError(f"reqs[{pos}] has no {path}") from None
+    return req_length_value(value, pos, attr)
+
+
+def _selected(reqs: Any, rows: np.ndarray | None) -> Iterator[tuple[int, Any]]:
+    """(position, request) for every selected request, in order."""
+    if rows is None:
+        yield from enumerate(reqs)
+        return
+    n = len(reqs)
+    for i in rows.tolist():
+        pos = i + n if i < 0 else i
+        yield pos, reqs[pos]
+
+
+def spec_v2_new_tokens_from_reqs(
+    reqs: Sequence[Any], page_size: int, reserve: int, indices: Any = None, *,
+    layout: str | None = None,
+) -> int:
     """:func:`spec_v2_new_tokens` read straight from request objects.
 
     Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
-    flat on the request or nested under ``req.kv``.
+    flat on the request or nested under ``req.kv``.  ``indices`` selects
+    requests with Python list semantics (``reqs`` must then be a sequence).
+    ``layout`` (``"flat"``, ``"mixed"``, ``"nested"``) reads each length
+    only where that SGLang layout keeps it, skipping the search the default
+    (``None``: ``req.<name>``, else ``req.kv.<name>``) makes.
     """
     p = as_count(page_size, "page_size", 1)
     r = as_count(reserve, "reserve", 0)
+    at_c, at_a = as_req_layout(layout)
+    reqs, rows = req_rows(reqs, indices)
     total = 0
-    for pos, req in enumerate(reqs):
-        c = req_length(req, pos, "kv_committed_len")
-        a = req_length(req, pos, "kv_allocated_len")
+    for pos, req in _selected(reqs, rows):
+        c = _length(req, pos, "kv_committed_len", at_c)
+        a = _length(req, pos, "kv_allocated_len", at_a)
         nxt = max(a, _fits(c + r, f"reqs[{pos}]: committed + reserve"))
         total += _fits(_ceil_align(nxt, p), f"reqs[{pos}]: ceil_align") - _ceil_align(a, p)
         _fits(total, "spec_v2_new_tokens_from_reqs")
     return total
 
 
-def decode_new_tokens_from_reqs(reqs: Sequence[Any], page_size: int) -> int:
+def decode_new_tokens_from_reqs(
+    reqs: Sequence[Any], page_size: int, indices: Any = None, *, layout: str | None = None
+) -> int:
     """:func:`decode_new_tokens` read straight from request objects."""
     p = as_count(page_size, "page_size", 1)
+    at_c, _ = as_req_layout(layout)
+    reqs, rows = req_rows(reqs, indices)
     pages = 0
-    for pos, req in enumerate(reqs):
-        if req_length(req, pos, "kv_committed_len") % p == 0:
+    for pos, req in _selected(reqs, rows):
+        if _length(req, pos, "kv_committed_len", at_c) % p == 0:
             pages += 1
     return result_int64(pages * p, "decode_new_tokens_from_reqs")
+
+
+def decode_alloc_plan_from_reqs(
+    reqs: Sequence[Any], page_size: int, reserve: int, *, page_aligned: bool = True,
+    indices: Any = None, out: tuple[np.ndarray, np.ndarray] | None = None,
+    dtype: npt.DTypeLike = None, layout: str | None = None,
+) -> AllocPlan:
+    """:func:`decode_alloc_plan` read straight from request objects, in one pass.
+
+    Per selected request ``cur = A`` and ``nxt = max(A, ceil_align(C + R, p))``
+    (``page_aligned``) or ``nxt = max(A, C + R)``.  ``cur`` and ``nxt`` are new
+    arrays of ``dtype`` (int32 or int64; default int64), or ``out=(cur, nxt)``.
+    A value its array's dtype cannot hold raises ``OverflowError`` naming
+    ``out[0]`` (cur) or ``out[1]`` (nxt).
+    """
+    p = as_count(page_size, "page_size", 1)
+    r = as_count(reserve, "reserve", 0)
+    at_c, at_a = as_req_layout(layout)
+    reqs, rows = req_rows(reqs, indices)
+    if rows is None and not isinstance(reqs, (list, tuple)):
+        reqs = list(reqs)  # the plan's length must be known before the first row
+    cur_out, nxt_out = as_plan_out(out, len(reqs) if rows is None else len(rows), dtype)
+    limits = [int(np.iinfo(buf.dtype).max) for buf in (cur_out, nxt_out)]
+    tokens = pages = 0
+    for j, (pos, req) in enumerate(_selected(reqs, rows)):
+        c = _length(req, pos, "kv_committed_len", at_c)
+        a = _length(req, pos, "kv_allocated_len", at_a)
+        need = _fits(c + r, f"reqs[{pos}]: committed + reserve")
+        if page_aligned:
+            need = _fits(_ceil_align(need, p), f"reqs[{pos}]: ceil_align")
+        cur, nxt = a, max(a, need)
+        for value, limit, name in ((cur, limits[0], "out[0]"), (nxt, limits[1], "out[1]")):
+            if value > limit:
+                raise OverflowError(f"{name}[{j}] = {value} does not fit its dtype")
+        cur_out[j], nxt_out[j] = cur, nxt
+        tokens = _fits(tokens + nxt - cur, "num_tokens")
+        pages += _ceil_div(nxt, p) - _ceil_div(cur, p)
+    return AllocPlan(cur_out, nxt_out, tokens, pages)
