@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sglang_standins import FlatReq as FlatReq
-from sglang_standins import NestedReq as NestedReq
+from request_standins import FlatReq as FlatReq
+from request_standins import NestedReq as NestedReq
 
 from kvest.sglang.upstream import SourceTree, installed, wheel
 

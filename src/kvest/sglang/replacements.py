@@ -68,8 +68,8 @@ def imported_reserve(module_name: str, name: str, factor: int) -> Callable[[], i
 
 # ------------------------------------------------------------------ the estimate
 
-def make_estimate(original: Callable[..., Any], cls: type, reserve: Callable[[], int], *,
-                  has_v1: bool, beam: bool) -> Callable[..., Any]:
+def make_estimate(original: Callable[..., Any], cls: type, reserve: Callable[[], int],
+                  layout: str, *, has_v1: bool, beam: bool) -> Callable[..., Any]:
     """``ScheduleBatch.new_tokens_required_next_decode`` on kvest's request kernels.
 
     ``selected_indices`` goes to the kernel as ``indices`` (no list of requests
@@ -87,8 +87,7 @@ def make_estimate(original: Callable[..., Any], cls: type, reserve: Callable[[],
             page_size = self.token_to_kv_pool_allocator.page_size
             reqs = self.reqs
             if self.spec_algorithm.is_none():
-                tokens = decode(reqs, page_size) if selected_indices is None else decode(
-                    reqs, page_size, indices=selected_indices)
+                tokens = decode(reqs, page_size, selected_indices, layout=layout)
                 if beam:
                     rows = reqs if selected_indices is None else map(
                         reqs.__getitem__, selected_indices)
@@ -97,9 +96,7 @@ def make_estimate(original: Callable[..., Any], cls: type, reserve: Callable[[],
             kind = type(self)
             if not (has_v1 and not self.is_spec_v2) and (
                     kind is cls or getattr(kind, method) is getattr(cls, method)):
-                if selected_indices is None:
-                    return spec_v2(reqs, page_size, reserve())
-                return spec_v2(reqs, page_size, reserve(), indices=selected_indices)
+                return spec_v2(reqs, page_size, reserve(), selected_indices, layout=layout)
         except Exception:
             FALLBACKS["new_tokens_required_next_decode"] += 1
         return original(self, selected_indices)
@@ -107,13 +104,14 @@ def make_estimate(original: Callable[..., Any], cls: type, reserve: Callable[[],
     return _mark(new_tokens_required_next_decode, original)
 
 
-def make_spec_v2(original: Callable[..., Any], reserve: Callable[[], int]) -> Callable[..., Any]:
+def make_spec_v2(original: Callable[..., Any], reserve: Callable[[], int],
+                 layout: str) -> Callable[..., Any]:
     """``ScheduleBatch._new_tokens_required_next_decode_spec_v2`` on kvest's kernel."""
     spec_v2 = kvest.spec_v2_new_tokens_from_reqs
 
     def _new_tokens_required_next_decode_spec_v2(self: Any, requests: Any, page_size: Any) -> Any:
         try:
-            return spec_v2(requests, page_size, reserve())
+            return spec_v2(requests, page_size, reserve(), layout=layout)
         except Exception:
             FALLBACKS["_new_tokens_required_next_decode_spec_v2"] += 1
         return original(self, requests, page_size)
@@ -164,7 +162,7 @@ def _at_most(values: np.ndarray, bound: int) -> bool:
 
 # ------------------------------------------------------------------ page_aligned_decode_alloc_lens
 
-def make_alloc_lens(original: Callable[..., Any]) -> Callable[..., Any]:
+def make_alloc_lens(original: Callable[..., Any], layout: str) -> Callable[..., Any]:
     """``page_aligned_decode_alloc_lens`` as int32 arrays, one pass over the requests.
 
     Only for callers that turn the two lists straight into int32 tensors (the
@@ -173,12 +171,13 @@ def make_alloc_lens(original: Callable[..., Any]) -> Callable[..., Any]:
     int32 makes kvest decline, and the original's lists go to the caller,
     whose ``torch.tensor`` then fails as it always did.
     """
-    plan = kvest.decode_alloc_plan_from_reqs  # type: ignore[attr-defined]
+    plan = kvest.decode_alloc_plan_from_reqs
     int32 = np.int32
 
     def page_aligned_decode_alloc_lens(reqs: Any, *, reserve: Any, page_size: Any) -> Any:
         try:
-            result = plan(reqs, page_size, reserve, page_aligned=True, dtype=int32)
+            result = plan(reqs, page_size, reserve, page_aligned=True, dtype=int32,
+                          layout=layout)
             return result.cur, result.nxt, result.num_tokens
         except Exception:
             FALLBACKS["page_aligned_decode_alloc_lens"] += 1

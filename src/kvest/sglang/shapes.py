@@ -110,13 +110,16 @@ class Shape:
 
 
 def _version() -> str:
+    """The loaded sglang's version (for the log line only; never used to decide)."""
+    version = getattr(sys.modules.get("sglang"), "__version__", None)
+    if isinstance(version, str):
+        return version
     try:
         import importlib.metadata
 
         return importlib.metadata.version("sglang")
     except Exception:
-        module = sys.modules.get("sglang")
-        return str(getattr(module, "__version__", "unknown"))
+        return "unknown"
 
 
 def _plain_function(value: Any) -> bool:
@@ -221,6 +224,9 @@ def _detect_estimator(shape: Shape, batch_module: types.ModuleType, impl: Any) -
         shape.problems.append(f"{label}: no reserve function found")
         return
     layout = _layout(estimate, spec_v2)
+    if layout is None:
+        shape.problems.append(f"{label}: reads the lengths in a way kvest has not matched")
+        return
     shape.features.append(f"{layout} lengths")
     has_v1 = "is_spec_v2" in names
     beam = "num_beam_member_rows" in names
@@ -232,34 +238,41 @@ def _detect_estimator(shape: Shape, batch_module: types.ModuleType, impl: Any) -
     shape.targets.append(Target(
         "ScheduleBatch.new_tokens_required_next_decode", cls,
         "new_tokens_required_next_decode", estimate,
-        lambda original: impl.make_estimate(original, cls, reserve, has_v1=has_v1, beam=beam),
+        lambda original: impl.make_estimate(original, cls, reserve, layout, has_v1=has_v1,
+                                            beam=beam),
         f"{qual}.new_tokens_required_next_decode"))
     shape.targets.append(Target(
         "ScheduleBatch._new_tokens_required_next_decode_spec_v2", cls,
         "_new_tokens_required_next_decode_spec_v2", spec_v2,
-        lambda original: impl.make_spec_v2(original, reserve),
+        lambda original: impl.make_spec_v2(original, reserve, layout),
         f"{qual}._new_tokens_required_next_decode_spec_v2"))
 
 
-def _layout(*fns: Callable[..., Any]) -> str:
-    """flat, mixed or nested: where the release's estimator reads the two lengths."""
+def _layout(*fns: Callable[..., Any]) -> str | None:
+    """Where the release's code reads the two lengths -- kvest's ``layout=``:
+    ``"flat"``, ``"mixed"`` (committed flat, allocated under ``req.kv``) or
+    ``"nested"`` -- or ``None`` if it reads them some other way."""
     where: dict[str, set[str]] = {}
     for fn in fns:
         try:
             tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
         except (OSError, TypeError, SyntaxError):
-            return "unknown-layout"
+            return None
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr in ("kv_committed_len",
                                                                  "kv_allocated_len"):
-                nested = isinstance(node.value, ast.Attribute) and node.value.attr == "kv"
-                where.setdefault(node.attr, set()).add("nested" if nested else "flat")
-    kinds = set().union(*where.values()) if where else set()
-    if kinds == {"flat"}:
-        return "flat"
-    if kinds == {"nested"}:
-        return "nested"
-    return "mixed"
+                nested = isinstance(node.value, ast.Attribute) and node.value.attr == "kv" \
+                    and isinstance(node.value.value, ast.Name)
+                flat = isinstance(node.value, ast.Name)
+                where.setdefault(node.attr, set()).add(
+                    "nested" if nested else "flat" if flat else "other")
+    kinds = (frozenset(where.get("kv_committed_len", ())),
+             frozenset(where.get("kv_allocated_len", ())))
+    return {
+        (frozenset({"flat"}), frozenset({"flat"})): "flat",
+        (frozenset({"flat"}), frozenset({"nested"})): "mixed",
+        (frozenset({"nested"}), frozenset({"nested"})): "nested",
+    }.get(kinds)
 
 
 def _detect_num_new_pages(shape: Shape, common: types.ModuleType, impl: Any) -> None:
@@ -300,6 +313,10 @@ def _detect_alloc_lens(shape: Shape, alloc: types.ModuleType, impl: Any) -> None
         shape.problems.append(f"{name}: refers to {sorted(names - ALLOC_LENS_NAMES)} "
                              "that kvest has not matched")
         return
+    layout = _layout(fn)
+    if layout is None:
+        shape.problems.append(f"{name}: reads the lengths in a way kvest has not matched")
+        return
     import kvest
 
     if not hasattr(kvest, "decode_alloc_plan_from_reqs"):
@@ -323,7 +340,7 @@ def _detect_alloc_lens(shape: Shape, alloc: types.ModuleType, impl: Any) -> None
                 continue
             shape.targets.append(Target(
                 f"{name} (in {short})", mod, attr, fn,
-                lambda original: impl.make_alloc_lens(original), None))
+                lambda original: impl.make_alloc_lens(original, layout), None))
 
 
 def _users(module: types.ModuleType, name: str) -> list[Callable[..., Any]]:

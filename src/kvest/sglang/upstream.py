@@ -20,6 +20,7 @@ from __future__ import annotations
 import __future__
 
 import ast
+import builtins
 import contextlib
 import dataclasses
 import importlib.metadata
@@ -160,6 +161,8 @@ class _Placeholders(dict):
     decorator needs at definition time resolves to an inert placeholder."""
 
     def __missing__(self, key: str) -> Any:
+        if hasattr(builtins, key):
+            return getattr(builtins, key)
         return _Placeholder(key)
 
 
