@@ -90,6 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--quick", action="store_true", help="a run under 30 seconds")
     bench.add_argument("--plot", metavar="FILE.png", help="draw time per request (matplotlib)")
     bench.add_argument("--markdown", metavar="FILE.md", help="also write the table as Markdown")
+    sub.add_parser("sglang", help="check kvest against the installed SGLang (the doctor)",
+                   add_help=False)
+    if argv is None:
+        import sys
+
+        argv = sys.argv[1:]
+    if argv[:1] == ["sglang"]:
+        from kvest.sglang.doctor import main as sglang_doctor
+
+        return sglang_doctor(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "bench":
         from kvest._bench import run

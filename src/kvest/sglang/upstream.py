@@ -541,3 +541,36 @@ def _load_plugin_framework(standins: StandinTree) -> None:
     spec.loader.exec_module(module)
     standins.modules["sglang.srt.plugins.hook_registry"] = sys.modules[
         "sglang.srt.plugins.hook_registry"]
+
+
+# ------------------------------------------------------------------ requests
+
+@dataclasses.dataclass(slots=True)
+class ReqKvInfo:
+    """Stands in for ``req.kv`` (a ``slots=True`` dataclass in 0.5.19+)."""
+
+    kv_committed_len: Any = 0
+    kv_allocated_len: Any = 0
+
+
+class Req:
+    """A request with its lengths where ``layout`` (``flat``, ``mixed``, ``nested``) puts them."""
+
+    def __init__(self, layout: str, committed: Any, allocated: Any,
+                 beam_group: Any = None) -> None:
+        if layout == "flat":
+            self.kv_committed_len = committed
+            self.kv_allocated_len = allocated
+        elif layout == "mixed":
+            self.kv_committed_len = committed
+            self.kv = ReqKvInfo(kv_allocated_len=allocated)
+        else:
+            self.kv = ReqKvInfo(committed, allocated)
+        self.beam_group = beam_group
+
+
+def layout_name(layout: dict[str, str]) -> str:
+    """``StandinTree.layout()`` as kvest's ``layout=`` name."""
+    return {("flat", "flat"): "flat", ("flat", "nested"): "mixed",
+            ("nested", "nested"): "nested"}.get(
+        (layout.get("kv_committed_len", ""), layout.get("kv_allocated_len", "")), "unknown")
