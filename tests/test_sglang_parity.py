@@ -21,7 +21,7 @@ from upstream import check_required, releases
 
 import kvest.sglang
 from kvest.sglang.replacements import FALLBACKS
-from kvest.sglang.upstream import BeamGroup, Config, standin_tree
+from kvest.sglang.upstream import BeamGroup, Config, Unpatched, standin_tree
 
 try:
     import torch
@@ -45,7 +45,8 @@ def release(request):
     with standin_tree(request.param, torch=torch) as tree:
         cls = tree.batch_class
         originals = {name: cls.__dict__[name] for name in
-                     ("new_tokens_required_next_decode", "_new_tokens_required_next_decode_spec_v2")}
+                     ("new_tokens_required_next_decode",
+                      "_new_tokens_required_next_decode_spec_v2")}
         alloc = tree.alloc_function("page_aligned_decode_alloc_lens")
         common = tree.modules["sglang.srt.utils.common"]
         originals["page_aligned_decode_alloc_lens"] = alloc
@@ -126,7 +127,8 @@ def test_estimate(release, spec, data):
     tree, originals, _ = release
     batch, selected, clean = data.draw(batches(tree, spec))
     before = sum(FALLBACKS.values())
-    expected = outcome(originals["new_tokens_required_next_decode"], batch, selected)
+    unpatched = Unpatched(batch, originals["_new_tokens_required_next_decode_spec_v2"])
+    expected = outcome(originals["new_tokens_required_next_decode"], unpatched, selected)
     got = outcome(batch.new_tokens_required_next_decode, selected)
     assert got == expected
     if clean and expected[0] == "ok" and not (tree.has("spec_v1") and spec
@@ -187,7 +189,8 @@ def test_get_num_new_pages(release, seq, extra, p, dtype, decode):
         seq = [min(s, info.max) for s in seq]
     n = min(len(seq), len(extra))
     seq_t = torch.tensor(seq[:n], dtype=dt)
-    prefix_t = torch.tensor([max(s - e, 0) for s, e in zip(seq[:n], extra[:n])], dtype=dt)
+    prefix_t = torch.tensor([max(s - e, 0) for s, e in zip(seq[:n], extra[:n], strict=True)],
+                            dtype=dt)
     expected = outcome(originals["get_num_new_pages"], seq_t, p, prefix_t, decode)
     assert outcome(fn, seq_t, p, prefix_t, decode) == expected
     assert outcome(fn, seq_lens=seq_t, page_size=p, decode=True) == outcome(

@@ -49,7 +49,7 @@ def test_load_plugins_replaces_the_estimate(tree, caplog):
     cls = tree.batch_class
     original = cls.__dict__["new_tokens_required_next_decode"]
     cases = [(spec, sel) for spec in (False, True) for sel in (None, (4, 0, -1))]
-    expected = {case: original(_batch(tree, case[0]), case[1]) for case in cases}
+    expected = {case: original(_batch(tree, case[0]), case[1]) for case in cases}  # unpatched
     with caplog.at_level(logging.INFO, logger="kvest.sglang"):
         tree.modules["sglang.srt.plugins"].load_plugins()
     patched = cls.__dict__["new_tokens_required_next_decode"]

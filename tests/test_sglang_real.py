@@ -26,15 +26,15 @@ from hypothesis import strategies as st
 
 from kvest._env import flag
 from kvest.sglang.replacements import FALLBACKS
+from kvest.sglang.upstream import Unpatched
 
 try:
-    import torch
-
     import sglang
     import sglang.srt.managers.schedule_batch as sb
     import sglang.srt.mem_cache.allocation_sizing as sizing
     import sglang.srt.speculative.eagle_utils as eagle
     import sglang.srt.utils.common as common
+    import torch
 except Exception as exc:  # not a real SGLang environment
     if flag("KVEST_REQUIRE_REAL_SGLANG"):
         raise RuntimeError(f"KVEST_REQUIRE_REAL_SGLANG is set but sglang does not import: {exc}"
@@ -42,10 +42,10 @@ except Exception as exc:  # not a real SGLang environment
     pytest.skip(f"the real sglang scheduler modules do not import here ({exc})",
                 allow_module_level=True)
 
-import sglang.srt.mem_cache.allocator.paged as paged  # noqa: E402
-from sglang.srt.plugins import load_plugins  # noqa: E402
-from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+import sglang.srt.mem_cache.allocator.paged as paged
+from sglang.srt.plugins import load_plugins
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 EXAMPLES = int(os.environ.get("KVEST_PARITY_EXAMPLES", "300"))
 CONFIGS = [(3, 1, 4), (5, 1, 8), (3, 2, 6), (5, 4, 8), (5, 8, 64), (1, 1, 2)]
@@ -189,7 +189,7 @@ def test_estimate(data, p, config, spec):
     batch = make_batch(reqs, p, "EAGLE" if spec else None)
     before = sum(FALLBACKS.values())
     with speculative(*config, p) if spec else contextlib.nullcontext():
-        expected = outcome(ORIGINAL["estimate"], batch, selected)
+        expected = outcome(ORIGINAL["estimate"], Unpatched(batch, ORIGINAL["spec_v2"]), selected)
         assert outcome(batch.new_tokens_required_next_decode, selected) == expected
         if spec:
             assert outcome(batch._new_tokens_required_next_decode_spec_v2, reqs, p) == \
@@ -230,7 +230,7 @@ def test_get_num_new_pages(seq, extra, p, dtype, decode, prefix_none):
     n = min(len(seq), len(extra))
     seq_t = torch.tensor(seq[:n], dtype=dtype)
     prefix_t = None if prefix_none else torch.tensor(
-        [max(s - e, 0) for s, e in zip(seq[:n], extra[:n])], dtype=dtype)
+        [max(s - e, 0) for s, e in zip(seq[:n], extra[:n], strict=False)], dtype=dtype)
     expected = outcome(ORIGINAL["get_num_new_pages"], seq_lens=seq_t, page_size=p,
                        prefix_lens=prefix_t, decode=decode)
     got = outcome(paged.get_num_new_pages, seq_lens=seq_t, page_size=p, prefix_lens=prefix_t,

@@ -29,8 +29,10 @@ def releases() -> list[SourceTree]:
     tree = installed()
     if tree is not None:
         found.setdefault(tree.version, tree)
-    return [found[v] for v in sorted(found, key=lambda v: [int(x) if x.isdigit() else x
-                                                           for x in v.replace("post", "").split(".")])]
+    def key(version: str) -> list[int]:
+        return [int(x) for x in version.replace("post", "").split(".") if x.isdigit()]
+
+    return [found[v] for v in sorted(found, key=key)]
 
 
 def check_required(trees: list[SourceTree]) -> None:

@@ -35,7 +35,7 @@ import os
 import sys
 import types
 
-__all__ = ["install", "uninstall", "is_installed", "InterpolationMode", "STANDIN_VERSION"]
+__all__ = ["STANDIN_VERSION", "InterpolationMode", "install", "is_installed", "uninstall"]
 
 ROOT = "torchvision"
 # Reported as torchvision.__version__; the "+standin" local tag makes it obvious
@@ -98,7 +98,8 @@ class _PlaceholderBase(metaclass=_PlaceholderMeta):
 
 def _placeholder(qualname: str, module: str) -> type:
     name = qualname.rsplit(".", 1)[-1]
-    return _PlaceholderMeta(name, (_PlaceholderBase,), {"__qualname__": qualname, "__module__": module})
+    namespace = {"__qualname__": qualname, "__module__": module}
+    return _PlaceholderMeta(name, (_PlaceholderBase,), namespace)
 
 
 class _StandinModule(types.ModuleType):
@@ -133,7 +134,8 @@ class _StandinFinder:
         module.__dict__["__torchvision_standin__"] = True
         if module.__name__ == ROOT:
             module.__dict__["__version__"] = STANDIN_VERSION
-            module.__dict__["version"] = types.SimpleNamespace(__version__=STANDIN_VERSION, cuda=None)
+            module.__dict__["version"] = types.SimpleNamespace(
+                __version__=STANDIN_VERSION, cuda=None)
         if module.__name__ in _INTERPOLATION_MODE_HOMES:
             module.__dict__["InterpolationMode"] = InterpolationMode
 

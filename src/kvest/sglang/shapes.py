@@ -198,7 +198,7 @@ def _detect_estimator(shape: Shape, batch_module: types.ModuleType, impl: Any) -
         return
     v2_names, v2_consts = code_features(spec_v2)
     unknown = v2_names - SPEC_V2_NAMES - {name for name in v2_names if name.startswith("sglang.")}
-    if unknown or not SPEC_V2_REQUIRED <= v2_names:
+    if unknown or not v2_names >= SPEC_V2_REQUIRED:
         shape.problems.append(f"{label}: _new_tokens_required_next_decode_spec_v2 refers to "
                              f"{sorted(unknown)} that kvest has not matched")
         return
@@ -216,7 +216,8 @@ def _detect_estimator(shape: Shape, batch_module: types.ModuleType, impl: Any) -
             return
         if len(homes) == 1:
             reserve = impl.imported_reserve(homes[0], "get_alloc_len_per_decode", 2)
-            shape.features.append(f"R = 2 * {homes[0].rsplit('.', 1)[-1]}.get_alloc_len_per_decode()")
+            home = homes[0].rsplit(".", 1)[-1]
+            shape.features.append(f"R = 2 * {home}.get_alloc_len_per_decode()")
         else:
             reserve = impl.global_reserve(spec_v2.__globals__, "get_alloc_len_per_decode", 2)
             shape.features.append("R = 2 * get_alloc_len_per_decode()")
@@ -411,10 +412,10 @@ def _only_int32_tensors(rest: list[ast.stmt], var: str) -> tuple[bool, str]:
         for node in ast.walk(stmt):
             if isinstance(node, ast.Name) and node.id == var:
                 if isinstance(node.ctx, ast.Load) and id(node) not in allowed:
-                    return False, f"uses {var} as a Python list (line {node.lineno})"
+                    return False, f"uses {var} as a Python list"
                 if isinstance(node.ctx, ast.Store) and not (
                         isinstance(stmt, ast.Assign) and node in stmt.targets):
-                    return False, f"may assign {var} anew in a branch (line {node.lineno})"
+                    return False, f"may assign {var} anew in a branch"
         if isinstance(stmt, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == var for t in stmt.targets):
             return True, ""  # assigned anew: later uses are of something else

@@ -456,7 +456,8 @@ class StandinTree:
     def has(self, what: str) -> bool:
         """Feature probes the doctor and the tests use to pick what to exercise."""
         if what == "beam_rows":
-            return "num_beam_member_rows" in self.modules["sglang.srt.managers.schedule_batch"].__dict__
+            batch_module = self.modules["sglang.srt.managers.schedule_batch"]
+            return "num_beam_member_rows" in batch_module.__dict__
         if what == "spec_v1":
             return "is_spec_v2" in vars(self.batch_class)
         if what == "alloc_lens":
@@ -574,3 +575,18 @@ def layout_name(layout: dict[str, str]) -> str:
     return {("flat", "flat"): "flat", ("flat", "nested"): "mixed",
             ("nested", "nested"): "nested"}.get(
         (layout.get("kv_committed_len", ""), layout.get("kv_allocated_len", "")), "unknown")
+
+
+class Unpatched:
+    """``batch`` as SGLang's original estimate must see it once kvest replaced
+    the spec-v2 method on the class: the original method on the instance, every
+    other attribute the batch's own.  ``original_estimate(Unpatched(batch,
+    original_spec_v2), ...)`` is then SGLang's answer end to end."""
+
+    def __init__(self, batch: Any, spec_v2: Any) -> None:
+        self.__dict__["_batch"] = batch
+        self.__dict__["_new_tokens_required_next_decode_spec_v2"] = (
+            lambda requests, page_size: spec_v2(batch, requests, page_size))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batch, name)
