@@ -238,3 +238,39 @@ def test_get_num_new_pages(seq, extra, p, dtype, decode, prefix_none):
     assert got == expected
     if expected[0] == "ok":
         assert type(got[1]) is int
+
+
+def _scheduler_like_process(queue) -> None:  # runs in a spawned child
+    """What SGLang's run_scheduler_process does first: load_plugins()."""
+    import logging
+
+    import sglang.srt.managers.schedule_batch as child_sb
+    from sglang.srt.plugins import load_plugins as child_load_plugins
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("kvest.sglang").addHandler(handler)
+    logging.getLogger("kvest.sglang").setLevel(logging.INFO)
+    child_load_plugins()
+    estimate = child_sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"]
+    queue.put((getattr(estimate, "__wrapped__", None) is not None, records))
+
+
+@pytest.mark.parametrize("off", [False, True], ids=["on", "KVEST_SGLANG=0"])
+def test_spawned_process_runs_on_kvest(off, monkeypatch):
+    """SGLang spawns its schedulers; installed kvest reaches them with no launcher change."""
+    import multiprocessing
+
+    if off:
+        monkeypatch.setenv("KVEST_SGLANG", "0")
+    context = multiprocessing.get_context("spawn")  # as SGLang's engine forces
+    queue = context.Queue()
+    process = context.Process(target=_scheduler_like_process, args=(queue,))
+    process.start()
+    replaced, records = queue.get(timeout=300)
+    process.join(timeout=60)
+    assert process.exitcode == 0
+    assert replaced is not off
+    assert len(records) == 1
+    assert ("off (KVEST_SGLANG=0)" in records[0]) is off
