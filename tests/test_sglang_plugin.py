@@ -83,3 +83,16 @@ def test_plugin_never_imports_the_scheduler(tree):
     del sys.modules["sglang.srt.managers.schedule_batch"]
     tree.modules["sglang.srt.plugins"].load_plugins()
     assert "sglang.srt.managers.schedule_batch" not in sys.modules
+
+
+def test_patch_after_the_plugin_leaves_the_hooks_alone(tree):
+    import kvest.sglang
+
+    tree.modules["sglang.srt.plugins"].load_plugins()
+    hooked = tree.batch_class.__dict__["new_tokens_required_next_decode"]
+    handle = kvest.sglang.patch()
+    assert not handle.shape.problems
+    assert "ScheduleBatch.new_tokens_required_next_decode" not in handle.replaced
+    assert any("already wrapped by a plugin hook" in s for s in handle.shape.skipped)
+    handle.undo()
+    assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is hooked

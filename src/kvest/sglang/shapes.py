@@ -126,6 +126,15 @@ def _plain_function(value: Any) -> bool:
     return isinstance(value, types.FunctionType)
 
 
+def _replaced(value: Any) -> str | None:
+    """Why ``value`` is no longer SGLang's own function, if it is not."""
+    if getattr(value, "__kvest_original__", None) is not None:
+        return "already replaced by kvest"
+    if getattr(value, "__wrapped__", None) is not None:
+        return "already wrapped by a plugin hook (kvest's or another plugin's); left as it is"
+    return None
+
+
 def detect(import_modules: bool = True) -> Shape:
     """Inspect the loaded sglang modules and plan the replacements.
 
@@ -179,8 +188,9 @@ def _detect_estimator(shape: Shape, batch_module: types.ModuleType, impl: Any) -
         return
     estimate = cls.__dict__.get("new_tokens_required_next_decode")
     spec_v2 = cls.__dict__.get("_new_tokens_required_next_decode_spec_v2")
-    if getattr(estimate, "__kvest_original__", None) is not None:
-        shape.skipped.append(f"{label}: already replaced by kvest")
+    why = _replaced(estimate) or _replaced(spec_v2)
+    if why is not None:
+        shape.skipped.append(f"{label}: {why}")
         return
     if not (_plain_function(estimate) and _plain_function(spec_v2)):
         shape.problems.append(
@@ -279,8 +289,9 @@ def _layout(*fns: Callable[..., Any]) -> str | None:
 def _detect_num_new_pages(shape: Shape, common: types.ModuleType, impl: Any) -> None:
     fn = vars(common).get("get_num_new_pages")
     label = "get_num_new_pages"
-    if getattr(fn, "__kvest_original__", None) is not None:
-        shape.skipped.append(f"{label}: already replaced by kvest")
+    why = _replaced(fn)
+    if why is not None:
+        shape.skipped.append(f"{label}: {why}")
         return
     if not _plain_function(fn):
         shape.skipped.append(f"{label}: not in {COMMON_MODULE}")
@@ -303,8 +314,9 @@ def _detect_num_new_pages(shape: Shape, common: types.ModuleType, impl: Any) -> 
 def _detect_alloc_lens(shape: Shape, alloc: types.ModuleType, impl: Any) -> None:
     name = "page_aligned_decode_alloc_lens"
     fn = vars(alloc)[name]
-    if getattr(fn, "__kvest_original__", None) is not None:
-        shape.skipped.append(f"{name}: already replaced by kvest")
+    why = _replaced(fn)
+    if why is not None:
+        shape.skipped.append(f"{name}: {why}")
         return
     if not _plain_function(fn):
         shape.problems.append(f"{name}: not a plain function")
