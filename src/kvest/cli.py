@@ -79,8 +79,17 @@ def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        import sys
+
+        argv = sys.argv[1:]
+    if argv[:1] == ["sglang"]:  # the doctor has its own options
+        from kvest.sglang.doctor import main as sglang_doctor
+
+        return sglang_doctor(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m kvest", description=__doc__)
     sub = parser.add_subparsers(dest="command")
+    sub.add_parser("sglang", help="check kvest against the installed SGLang (the doctor)")
     parser.add_argument("--requests", type=int, default=1024)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--config", type=int, nargs=3, default=(3, 2, 6),
@@ -90,16 +99,6 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--quick", action="store_true", help="a run under 30 seconds")
     bench.add_argument("--plot", metavar="FILE.png", help="draw time per request (matplotlib)")
     bench.add_argument("--markdown", metavar="FILE.md", help="also write the table as Markdown")
-    sub.add_parser("sglang", help="check kvest against the installed SGLang (the doctor)",
-                   add_help=False)
-    if argv is None:
-        import sys
-
-        argv = sys.argv[1:]
-    if argv[:1] == ["sglang"]:
-        from kvest.sglang.doctor import main as sglang_doctor
-
-        return sglang_doctor(argv[1:])
     args = parser.parse_args(argv)
     if args.command == "bench":
         from kvest._bench import run
