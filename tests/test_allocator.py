@@ -7,10 +7,14 @@ their pages back. Before every step the estimate must equal page size times
 the pages the step then takes from the pool -- exactly, not as a bound (SPEC:
 "Why the estimate is exact"). The simulator computes its own ``nxt`` and page
 counts from first principles; kvest's outputs are only compared with it.
+Requests are flat or nested (a slots dataclass under req.kv); the object kernels
+(estimate, plan, selected rows) must agree with the arrays and the simulator.
 A failure shrinks to a minimal trace of arrivals, steps and finishes.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 from hypothesis import settings
@@ -32,14 +36,44 @@ class SimRequest:
         self.pages = pages
 
 
+@dataclasses.dataclass(slots=True)
+class SimKV:
+    kv_committed_len: int
+    kv_allocated_len: int
+
+
+class NestedSimRequest:
+    """The same in the nested layout of sglang 0.5.19+ (lengths in a slots dataclass)."""
+
+    def __init__(self, committed: int, pages: list[int]) -> None:
+        self.kv = SimKV(committed, committed)
+        self.pages = pages
+
+    # The simulator's own bookkeeping reads and writes through these.
+    kv_committed_len = property(lambda self: self.kv.kv_committed_len,
+                                lambda self, v: setattr(self.kv, "kv_committed_len", v))
+    kv_allocated_len = property(lambda self: self.kv.kv_allocated_len,
+                                lambda self, v: setattr(self.kv, "kv_allocated_len", v))
+
+
+class NestedOnly:
+    """What kvest sees of a NestedSimRequest: the request without the properties."""
+
+    def __init__(self, req: NestedSimRequest) -> None:
+        self.kv = req.kv
+
+
 class PagedAllocatorMachine(RuleBasedStateMachine):
     @initialize(
         p=st.sampled_from(PAGE_SIZES) | st.integers(1, 300),
         config=st.sampled_from(CONFIGS),
         speculative=st.booleans(),
         page_aligned=st.booleans(),
+        nested=st.booleans(),
     )
-    def setup(self, p, config, speculative, page_aligned):
+    def setup(self, p, config, speculative, page_aligned, nested):
+        self.make = NestedSimRequest if nested else SimRequest
+        self.layout = "nested" if nested else "flat"
         self.p = p
         self.steps, self.topk, self.draft = config
         self.speculative = speculative
@@ -68,6 +102,12 @@ class PagedAllocatorMachine(RuleBasedStateMachine):
         req.kv_allocated_len = max(req.kv_allocated_len, nxt)
         return len(new)
 
+    def seen(self) -> list:
+        """The requests as kvest reads them (in their layout, without helpers)."""
+        if self.layout == "flat":
+            return self.reqs
+        return [NestedOnly(r) for r in self.reqs]
+
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         c = np.array([r.kv_committed_len for r in self.reqs], dtype=np.int64)
         a = np.array([r.kv_allocated_len for r in self.reqs], dtype=np.int64)
@@ -77,7 +117,7 @@ class PagedAllocatorMachine(RuleBasedStateMachine):
     @rule(prompt=st.integers(1, 5000))
     def arrive(self, prompt):
         pages = self.take(-(-prompt // self.p))
-        self.reqs.append(SimRequest(prompt, pages))
+        self.reqs.append(self.make(prompt, pages))
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())
@@ -90,8 +130,17 @@ class PagedAllocatorMachine(RuleBasedStateMachine):
     def spec_decode_step(self, data):
         c, a = self.arrays()
         estimate = kvest.spec_v2_new_tokens(c, a, self.p, self.reserve)
-        from_objects = kvest.spec_v2_new_tokens_from_reqs(self.reqs, self.p, self.reserve)
+        seen = self.seen()
+        from_objects = kvest.spec_v2_new_tokens_from_reqs(seen, self.p, self.reserve)
+        assert kvest.spec_v2_new_tokens_from_reqs(seen, self.p, self.reserve,
+                                                  layout=self.layout) == from_objects
         plan = kvest.decode_alloc_plan(c, a, self.p, self.reserve, page_aligned=self.page_aligned)
+        obj_plan = kvest.decode_alloc_plan_from_reqs(seen, self.p, self.reserve,
+                                                     page_aligned=self.page_aligned,
+                                                     dtype=np.int32, layout=self.layout)
+        assert obj_plan.cur.tolist() == plan.cur.tolist()
+        assert obj_plan.nxt.tolist() == plan.nxt.tolist()
+        assert (obj_plan.num_tokens, obj_plan.num_pages) == (plan.num_tokens, plan.num_pages)
         taken = 0
         for i, req in enumerate(self.reqs):
             target = req.kv_committed_len + self.reserve
@@ -116,7 +165,7 @@ class PagedAllocatorMachine(RuleBasedStateMachine):
         # each step adds one token per request.
         c, _ = self.arrays()
         estimate = kvest.decode_new_tokens(c, self.p)
-        assert kvest.decode_new_tokens_from_reqs(self.reqs, self.p) == estimate
+        assert kvest.decode_new_tokens_from_reqs(self.seen(), self.p) == estimate
         # The same step through num_new_pages' decode view (S includes the new token).
         pages_view = kvest.num_new_pages(c + 1, self.p, decode=True)
         taken = 0
@@ -139,6 +188,8 @@ class PagedAllocatorMachine(RuleBasedStateMachine):
             -(-max(a[i], c[i] + self.reserve) // self.p) * self.p - -(-a[i] // self.p) * self.p
             for i in idx)
         assert kvest.spec_v2_new_tokens(c, a, self.p, self.reserve, indices=idx) == expected
+        assert kvest.spec_v2_new_tokens_from_reqs(self.seen(), self.p, self.reserve, idx,
+                                                  layout=self.layout) == expected
 
     # -- invariants ----------------------------------------------------------
     @invariant()

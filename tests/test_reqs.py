@@ -649,3 +649,139 @@ def test_bad_request_messages_name_the_position():
             impl.decode_new_tokens_from_reqs([TinyFlat(-1, 0)] * 3, 16, [-1])
         with pytest.raises(AttributeError, match=r"reqs\[0\] has no \.kv\.kv_committed_len"):
             impl.decode_new_tokens_from_reqs([TinyFlat(1, 1)], 16, layout="nested")
+
+
+# ------------------------------------------------------------- beam rows
+
+class BeamGroup:
+    """Stands in for SGLang's BeamGroup: num_member_rows is a property."""
+
+    def __init__(self, rows):
+        self._rows = rows
+
+    @property
+    def num_member_rows(self):
+        if isinstance(self._rows, Exception):
+            raise self._rows
+        return self._rows
+
+
+class BeamProperty(TinyNested):
+    """beam_group computed on every read (upstream's expression reads it twice)."""
+
+    reads = 0
+
+    def __init__(self, group):
+        super().__init__(0, 0)
+        self._group = group
+
+    @property
+    def beam_group(self):
+        type(self).reads += 1
+        return self._group
+
+
+def _beam_req(kind, group):
+    if kind == "missing":
+        return TinyFlat(0, 0)
+    if kind == "property":
+        return BeamProperty(group)
+    req = _release(NestedReq if kind == "nested" else TinyFlat)(0, 0)
+    req.beam_group = group
+    return req
+
+
+beam_values = st.one_of(
+    st.integers(0, 64), st.integers(-(2**70), 2**70),
+    st.builds(np.int64, st.integers(-5, 5)), st.sampled_from([2.5, LookupError("rows")]),
+)
+beam_groups = st.one_of(st.none(), st.none(), st.builds(BeamGroup, beam_values))
+
+
+@st.composite
+def beam_batches(draw):
+    kinds = st.sampled_from(["nested", "tiny", "property", "nested", "tiny"]
+                            + (["missing"] if draw(st.integers(0, 4)) == 0 else []))
+    return [_beam_req(draw(kinds), draw(beam_groups)) for _ in range(draw(st.integers(0, 30)))]
+
+
+def _beam_oracle(reqs, indices):
+    total = 0
+    for r in _rows(reqs, indices):
+        if r.beam_group is not None:
+            total += r.beam_group.num_member_rows
+    return total
+
+
+def _typed(fn, *args):
+    kind, value = outcome(fn, args, {})
+    return kind, (type(value), repr(value)) if kind == "ok" else value
+
+
+@given(st.data(), beam_batches())
+def test_beam_member_rows(data, reqs):
+    indices = data.draw(selections(reqs))
+    want = _typed(_beam_oracle, reqs, indices)
+    event(want[0])
+    for impl in IMPLS:
+        BeamProperty.reads = 0
+        assert _typed(impl.beam_member_rows_from_reqs, reqs, indices) == want
+        reads = BeamProperty.reads
+        BeamProperty.reads = 0
+        _typed(_beam_oracle, reqs, indices)
+        assert reads == BeamProperty.reads  # the property read as often as upstream reads it
+
+
+def test_beam_member_rows_fixed():
+    reqs = [_beam_req("nested", None), _beam_req("nested", BeamGroup(3)),
+            _beam_req("tiny", BeamGroup(4)), _beam_req("nested", None)]
+    for impl in IMPLS:
+        assert impl.beam_member_rows_from_reqs(reqs) == 7
+        assert impl.beam_member_rows_from_reqs(reqs, [1, 1, -2]) == 10
+        assert impl.beam_member_rows_from_reqs([]) == 0
+        with pytest.raises(AttributeError):
+            impl.beam_member_rows_from_reqs([*reqs, TinyFlat(1, 1)])
+        big = impl.beam_member_rows_from_reqs([_beam_req("tiny", BeamGroup(2**62))] * 3)
+        assert big == 3 * 2**62 and type(big) is int
+
+
+# ------------------------------------------------------- references kept
+
+def _refcounts(objs):
+    import sys
+
+    return [sys.getrefcount(o) for o in objs]
+
+
+def test_no_reference_leaked_or_lost():
+    """Every path (fast reads, slow values, errors) leaves reference counts as they were."""
+    import gc
+
+    big, odd = 2**70, Index(40)
+    reqs = [_release(NestedReq)(10**6 + 5, 10**6 + 9), _release(FlatReq)(17, 20),
+            _release(MixedReq)(33, 40), _nested_slotted(7, 9), KvProperty(3, 4),
+            WithProperties(5, 8), TinyFlat(odd, 50), TinyNested(np.int64(3), 3)]
+    bad = [*reqs, TinyFlat(big, 1)]
+    for r in reqs:
+        r.beam_group = BeamGroup(2)
+    watched = [*reqs, *(getattr(r, "kv", None) for r in reqs), big, odd, reqs[0].kv]
+    calls = [
+        lambda: kvest.spec_v2_new_tokens_from_reqs(reqs, 16, 8),
+        lambda: kvest.spec_v2_new_tokens_from_reqs(reqs, 16, 8, [0, -1, 3, 3]),
+        lambda: kvest.decode_new_tokens_from_reqs(reqs, 16),
+        lambda: kvest.decode_alloc_plan_from_reqs(reqs, 16, 8, dtype=np.int32),
+        lambda: kvest.decode_new_tokens_from_reqs(reqs[:1], 16, layout="nested"),
+        lambda: kvest.beam_member_rows_from_reqs(reqs, (1, 2)),
+        lambda: kvest.spec_v2_new_tokens_from_reqs(bad, 16, 8),
+        lambda: kvest.decode_alloc_plan_from_reqs(bad, 16, 8),
+        lambda: kvest.decode_new_tokens_from_reqs(reqs, 16, layout="flat"),
+    ]
+    for call in calls:  # warm up: caches, interned names, the plan's arrays
+        outcome(call, (), {})
+    gc.collect()
+    before = _refcounts(watched)
+    for _ in range(50):
+        for call in calls:
+            outcome(call, (), {})
+    gc.collect()
+    assert _refcounts(watched) == before

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from upstream import FlatReq, NestedReq
+from request_standins import FlatReq, MixedReq, NestedReq, TinyFlat
 
 import kvest
 
@@ -25,8 +25,11 @@ def _calls():
     for arr in (c, a, c32, a32):
         arr.flags.writeable = False
     idx = rng.integers(-n, n, 5000)
-    reqs = [FlatReq(int(x), int(y)) for x, y in zip(c[:2000], a[:2000], strict=True)]
-    nested = [NestedReq(int(x), int(y)) for x, y in zip(c[:2000], a[:2000], strict=True)]
+    pairs = list(zip(c[:2000].tolist(), a[:2000].tolist(), strict=True))
+    reqs = [FlatReq(x, y) for x, y in pairs]
+    mixed = [MixedReq(x, y) for x, y in pairs]
+    nested = [NestedReq(x, y) for x, y in pairs]
+    rows = rng.integers(-2000, 2000, 700).tolist()
     return [
         lambda: kvest.spec_v2_new_tokens(c, a, 16, 128),
         lambda: kvest.spec_v2_new_tokens(c32, a32, 100, 64),
@@ -39,6 +42,10 @@ def _calls():
         lambda: kvest.spec_v2_new_tokens_from_reqs(reqs, 16, 128),
         lambda: kvest.spec_v2_new_tokens_from_reqs(nested, 100, 128),
         lambda: kvest.decode_new_tokens_from_reqs(reqs, 16),
+        lambda: kvest.spec_v2_new_tokens_from_reqs(mixed, 16, 128, rows, layout="mixed"),
+        lambda: kvest.decode_new_tokens_from_reqs(nested, 100, rows, layout="nested"),
+        lambda: kvest.decode_alloc_plan_from_reqs(nested, 16, 128, dtype="int32").nxt.sum(),
+        lambda: kvest.decode_alloc_plan_from_reqs(reqs, 100, 64, indices=rows).num_pages,
         lambda: kvest.spec_v1_new_tokens(2000, 16, 5, 4, 8),
         lambda: kvest.alloc_reserve_per_decode(5, 4, 8, 16),
     ]
@@ -120,7 +127,7 @@ def test_gil_is_released_during_large_calls():
     c = (np.arange(n, dtype=np.int32) % 100_000).astype(np.int32)
     a = c + np.int32(7)
     big = list(range(1 << 22, 0, -1))
-    reqs = [FlatReq(5, 8)] * (1 << 21)
+    reqs = [TinyFlat(5, 8)] * (1 << 21)
     # Controls that hold the GIL throughout, and are never seen inside: sorting
     # a list in C, and kvest's own object kernel (it reads Python objects).
     assert not _seen_inside(lambda: sorted(big), tries=3)

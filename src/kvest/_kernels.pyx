@@ -29,14 +29,18 @@ from kvest._common cimport (
     _fits_add,
     _fits_mul,
     _times_page,
+    kv_add_total,
     kv_best_variant,
     kv_current_variant,
     kv_divisor,
     kv_divisor_init,
     kv_extend_pages,
     kv_mod_count,
+    kv_mod_row,
+    kv_plan_row,
     kv_select_variant,
     kv_spec_v2_pages,
+    kv_spec_v2_row,
     kv_variant_name,
     kv_variant_supported,
 )
@@ -152,20 +156,11 @@ cdef inline int64_t _row(const int64_t *idx, int64_t j, int64_t n) noexcept nogi
 cdef int64_t _spec_v2_checked(const length_t *c, const length_t *a, int64_t n,
                               const int64_t *idx, int64_t m, int64_t p, int64_t r,
                               int64_t *result) noexcept nogil:
-    cdef int64_t j, i, ci, ai, need, tokens, total = 0
+    cdef int64_t j, i, tokens, total = 0
     for j in range(m):
         i = _row(idx, j, n)
-        ci = c[i]
-        ai = a[i]
-        if ci > INT64_MAX - r:
+        if kv_spec_v2_row(c[i], a[i], p, r, &tokens) or kv_add_total(&total, tokens):
             return j + 1
-        need = _ceil_div(ci + r if ci + r > ai else ai, p)
-        if need > INT64_MAX // p:
-            return j + 1
-        tokens = (need - _ceil_div(ai, p)) * p
-        if total > INT64_MAX - tokens:
-            return j + 1
-        total += tokens
     result[0] = total
     return 0
 
@@ -175,7 +170,7 @@ cdef uint64_t _mod_count_checked(const length_t *c, int64_t n, const int64_t *id
     cdef int64_t j
     cdef uint64_t count = 0
     for j in range(m):
-        count += c[_row(idx, j, n)] % p == want
+        count += kv_mod_row(c[_row(idx, j, n)], p, want)
     return count
 
 
@@ -424,25 +419,16 @@ cdef int _plan(const length_t *c, const length_t *a, int64_t n, int64_t p, int64
         ai = a[i]
         if ci < 0 or ai < 0:
             return PLAN_NEGATIVE
-        if ci > INT64_MAX - r:
+        if kv_plan_row(ci, ai, p, r, aligned, &need):
             return PLAN_OVERFLOW
-        need = ci + r
-        if aligned:
-            need = _ceil_div(need, p)
-            if need > INT64_MAX // p:
-                return PLAN_OVERFLOW
-            need *= p
-        if need < ai:
-            need = ai
         if ai > limit:
             return PLAN_CUR_RANGE
         if need > limit:
             return PLAN_NXT_RANGE
         cur[i] = <out_t>ai
         nxt[i] = <out_t>need
-        if tokens > INT64_MAX - (need - ai):
+        if kv_add_total(&tokens, need - ai):
             return PLAN_OVERFLOW
-        tokens += need - ai
         pages += _ceil_div(need, p) - _ceil_div(ai, p)  # <= tokens: cannot overflow
     sums[0] = tokens
     sums[1] = pages

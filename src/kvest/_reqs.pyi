@@ -38,3 +38,6 @@ def decode_alloc_plan_from_reqs(
     dtype: npt.DTypeLike = None,
     layout: Literal["flat", "mixed", "nested"] | None = None,
 ) -> AllocPlan: ...
+def beam_member_rows_from_reqs(
+    reqs: Iterable[Any] | Sequence[Any], indices: Any = None
+) -> Any: ...

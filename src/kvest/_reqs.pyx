@@ -20,9 +20,9 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_DECREF
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
-from libc.stdint cimport INT32_MAX, int32_t, int64_t, uint64_t
+from libc.stdint cimport INT32_MAX, INT64_MAX, INT64_MIN, int32_t, int64_t, uint64_t
 
 from kvest._common cimport (
     KV_FAST_LIMIT,
@@ -41,6 +41,8 @@ from kvest._common cimport (
     kv_spec_v2_row_fast,
 )
 
+import numpy as np
+
 from kvest._inputs import as_plan_out, as_req_layout, req_length_value, req_rows
 from kvest._names import REQ_FUNCTIONS
 from kvest._types import AllocPlan
@@ -58,6 +60,7 @@ cdef extern from "reqattr.h":
     enum:
         KV_COMMITTED
         KV_ALLOCATED
+        KV_BEAM
         KV_AT_EITHER
         KV_AT_FLAT
         KV_AT_NESTED
@@ -66,7 +69,8 @@ cdef extern from "reqattr.h":
         KV_LEN_OK
         KV_LEN_VALUE
     void kv_cache_init(kv_cache *c, PyObject *committed, PyObject *allocated,
-                       PyObject *nested)
+                       PyObject *nested, PyObject *beam)
+    int kv_get(kv_cache *c, PyObject *obj, int which, PyObject **value, int *pure)
     void kv_req_begin(kv_req_state *st)
     void kv_req_forget(kv_req_state *st)
     int kv_req_length(kv_cache *c, PyObject *req, int which, int at, kv_req_state *st,
@@ -77,6 +81,7 @@ cdef extern from "reqattr.h":
 cdef str _COMMITTED = "kv_committed_len"
 cdef str _ALLOCATED = "kv_allocated_len"
 cdef str _NESTED = "kv"
+cdef str _BEAM = "beam_group"
 
 
 # ----------------------------------------------------------- reading lengths
@@ -115,6 +120,7 @@ cdef enum Kind:
     SPEC_V2
     DECODE
     PLAN
+    BEAM
 
 
 cdef struct Job:
@@ -131,6 +137,7 @@ cdef struct Job:
     void *cur
     void *nxt
     bint cur32, nxt32
+    PyObject *beam_total  # BEAM: the total as a Python object once it is not an int64
 
 
 cdef int _overflow(Job *job, Py_ssize_t pos) except -1:
@@ -145,10 +152,53 @@ cdef int _plan_range(Job *job, int out, int64_t value) except -1:
     raise OverflowError(f"out[{out}][{job.row}] = {value} does not fit its dtype")
 
 
+cdef inline void _cache_init(kv_cache *cache) noexcept:
+    kv_cache_init(cache, <PyObject *>_COMMITTED, <PyObject *>_ALLOCATED, <PyObject *>_NESTED,
+                  <PyObject *>_BEAM)
+
+
+cdef int _beam_add(Job *job, object value) except -1:
+    """total += value, exactly as ``sum()`` adds: C while every term is an int64 int."""
+    cdef int overflow = 0
+    cdef long long x
+    if job.beam_total == NULL and type(value) is int:
+        x = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if not overflow and not (x > 0 and job.tokens > INT64_MAX - x) and not (
+                x < 0 and job.tokens < INT64_MIN - x):
+            job.tokens += x
+            return 0
+    total = job.tokens if job.beam_total == NULL else <object>job.beam_total
+    total = total + value
+    Py_XDECREF(job.beam_total)
+    Py_INCREF(total)
+    job.beam_total = <PyObject *>total
+    return 0
+
+
+cdef int _beam_row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
+    """``if req.beam_group is not None: total += req.beam_group.num_member_rows``."""
+    cdef PyObject *raw = NULL
+    cdef int pure = 0
+    cdef int found = kv_get(cache, <PyObject *>req, KV_BEAM, &raw, &pure)
+    if found < 0:
+        return -1
+    if not found:
+        raise AttributeError(f"reqs[{pos}] has no .beam_group")
+    group = <object>raw
+    Py_DECREF(group)  # group holds the reference the read returned
+    if group is None:
+        return 0
+    if not pure:
+        group = req.beam_group  # read twice, as the upstream expression does
+    return _beam_add(job, group.num_member_rows)
+
+
 cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
     cdef kv_req_state st
     cdef int64_t c, a, tokens = 0, nxt
     cdef uint64_t nxt_fast, pages
+    if job.kind == BEAM:
+        return _beam_row(job, cache, req, pos)
     kv_req_begin(&st)
     c = _length(cache, req, pos, KV_COMMITTED, job.at_committed, &st)
     if job.kind == DECODE:
@@ -235,7 +285,7 @@ cdef int64_t *_exact_rows(object indices, Py_ssize_t n, Py_ssize_t *m) except? N
 cdef int _walk_all(Job *job, object reqs) except -1:
     cdef kv_cache cache
     cdef Py_ssize_t pos = 0
-    kv_cache_init(&cache, <PyObject *>_COMMITTED, <PyObject *>_ALLOCATED, <PyObject *>_NESTED)
+    _cache_init(&cache)
     if type(reqs) is list:
         # The size is read every step, as a list iterator does.
         while pos < PyList_GET_SIZE(reqs):
@@ -257,7 +307,7 @@ cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) ex
     cdef kv_cache cache
     cdef Py_ssize_t j, pos
     cdef bint is_list = type(reqs) is list, is_tuple = type(reqs) is tuple
-    kv_cache_init(&cache, <PyObject *>_COMMITTED, <PyObject *>_ALLOCATED, <PyObject *>_NESTED)
+    _cache_init(&cache)
     for j in range(m):
         pos = rows[j]
         if is_list and pos < PyList_GET_SIZE(reqs):
@@ -306,10 +356,26 @@ cdef _Rows _select(object reqs, object indices):
 cdef dict _AT = {"either": KV_AT_EITHER, "flat": KV_AT_FLAT, "nested": KV_AT_NESTED}
 
 
+cdef str _FLAT = "flat"
+cdef str _MIXED = "mixed"
+cdef str _NESTED_LAYOUT = "nested"
+
+
 cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout) except -1:
-    at_committed, at_allocated = as_req_layout(layout)
-    job.at_committed = _AT[at_committed]
-    job.at_allocated = _AT[at_allocated]
+    # The usual values by identity (string constants are interned); anything
+    # else through the shared rule, which also raises for a bad value.
+    if layout is None:
+        job.at_committed = job.at_allocated = KV_AT_EITHER
+    elif layout is _NESTED_LAYOUT:
+        job.at_committed = job.at_allocated = KV_AT_NESTED
+    elif layout is _FLAT:
+        job.at_committed = job.at_allocated = KV_AT_FLAT
+    elif layout is _MIXED:
+        job.at_committed, job.at_allocated = KV_AT_FLAT, KV_AT_NESTED
+    else:
+        at_committed, at_allocated = as_req_layout(layout)
+        job.at_committed = _AT[at_committed]
+        job.at_allocated = _AT[at_allocated]
     job.kind = kind
     job.p = p
     job.r = r
@@ -320,6 +386,7 @@ cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout) exc
     job.row = 0
     job.cur = job.nxt = NULL
     job.cur32 = job.nxt32 = False
+    job.beam_total = NULL
     kv_divisor_init(&job.d, p)
     return 0
 
@@ -384,7 +451,15 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, *, page_aligned=True, 
     else:
         sel = _select(reqs, indices)
         m = sel.m
-    cur_out, nxt_out = as_plan_out(out, m, dtype)
+    cdef cnp.npy_intp dims = m
+    cdef int kind
+    if out is None and (dtype is None or dtype is np.int64 or dtype is np.int32):
+        # The usual request, without the shared rule's checks (there is nothing to check).
+        kind = cnp.NPY_INT32 if dtype is np.int32 else cnp.NPY_INT64
+        cur_out = cnp.PyArray_EMPTY(1, &dims, kind, 0)
+        nxt_out = cnp.PyArray_EMPTY(1, &dims, kind, 0)
+    else:
+        cur_out, nxt_out = as_plan_out(out, m, dtype)
     cdef cnp.ndarray cur_buf = cur_out, nxt_buf = nxt_out
     job.cur = cnp.PyArray_DATA(cur_buf)
     job.nxt = cnp.PyArray_DATA(nxt_buf)
@@ -405,7 +480,7 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, *, page_aligned=True, 
 cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
     cdef kv_cache cache
     cdef Py_ssize_t pos = 0
-    kv_cache_init(&cache, <PyObject *>_COMMITTED, <PyObject *>_ALLOCATED, <PyObject *>_NESTED)
+    _cache_init(&cache)
     while pos < PyList_GET_SIZE(reqs):
         if pos == m:
             # The twin's walk writes row m of an m-row buffer here.
@@ -413,3 +488,27 @@ cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
         _row(job, &cache, <object>PyList_GET_ITEM(reqs, pos), pos)
         pos += 1
     return 0
+
+
+def beam_member_rows_from_reqs(reqs, indices=None):
+    """SGLang's beam rows, ``sum(r.beam_group.num_member_rows for r in reqs if
+    r.beam_group is not None)``, over the selected requests (``indices`` as in
+    :func:`decode_new_tokens_from_reqs`).
+
+    SGLang 0.5.19+ adds this to the no-speculation estimate.  The sum is
+    Python's: whatever ``num_member_rows`` returns is added as ``sum()`` adds it.
+    """
+    cdef Job job
+    cdef _Rows sel
+    _job_init(&job, BEAM, 1, 0, None)
+    try:
+        if indices is None:
+            _walk_all(&job, reqs)
+        else:
+            sel = _select(reqs, indices)
+            _walk_rows(&job, reqs, sel.rows, sel.m)
+        if job.beam_total != NULL:
+            return <object>job.beam_total
+        return job.tokens
+    finally:
+        Py_XDECREF(job.beam_total)

@@ -99,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--quick", action="store_true", help="a run under 30 seconds")
     bench.add_argument("--plot", metavar="FILE.png", help="draw time per request (matplotlib)")
     bench.add_argument("--markdown", metavar="FILE.md", help="also write the table as Markdown")
+    bench.add_argument("--sglang", action="store_true",
+                       help="only the real-SGLang section (runs where sglang imports)")
     args = parser.parse_args(argv)
     if args.command == "bench":
         from kvest._bench import run
 
-        return run(quick=args.quick, plot_path=args.plot, markdown=args.markdown)
+        return run(quick=args.quick, plot_path=args.plot, markdown=args.markdown,
+                   sglang_only=args.sglang)
     return demo(args.requests, args.page_size, tuple(args.config), args.seed)
 

@@ -10,6 +10,7 @@
  * architectures get the baseline variant only.
  */
 #include "loops.h"
+#include "rows.h"
 
 #if defined(_MSC_VER) && !defined(__clang__)
 #define restrict __restrict

@@ -16,7 +16,9 @@
  *
  * Loops come in pairs: "pow2" divides with a shift, "magic" with a multiply
  * by an invariant reciprocal (no hardware division, so it vectorizes), and
- * "gather" visits rows through a validated index array.
+ * "gather" visits rows through a validated index array.  The scalar gather
+ * loops take their row formula from rows.h, shared with every other compiled
+ * path; the dense loops spell it out so that it vectorizes.
  */
 
 /* ceil(x / p) for a power-of-two p = 1 << shift. */
@@ -79,8 +81,7 @@ static uint64_t KV_NAME(spec_v2_gather)(const void *c_, const void *a_,
         int64_t k = idx[j];
         uint64_t ci = (uint64_t)(int64_t)KV_ROW(c, k), ai = (uint64_t)(int64_t)KV_ROW(a, k);
         bits |= ci | ai;
-        int64_t grow = (int64_t)(kv_cdiv(ci + reserve, d) - kv_cdiv(ai, d));
-        pages += (uint64_t)(grow > 0 ? grow : 0);
+        pages += kv_spec_v2_row_fast(ci, ai, reserve, d);
     }
     *bits_out = bits;
     return pages;
@@ -135,7 +136,7 @@ static uint64_t KV_NAME(mod_count_gather)(const void *c_, int64_t n,
         int64_t k = idx[j];
         uint64_t ci = (uint64_t)(int64_t)KV_ROW(c, k);
         bits |= ci;
-        count += kv_mod(ci, d) == want;
+        count += kv_mod_row_fast(ci, d, want);
     }
     *bits_out = bits;
     return count;

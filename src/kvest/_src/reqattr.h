@@ -45,8 +45,8 @@
 #endif
 
 enum { KV_READ_DICT = 0, KV_READ_MEMBER = 1, KV_READ_GENERIC = 2 };
-/* The three names read: indices into kv_cache.names and kv_layout.read. */
-enum { KV_COMMITTED = 0, KV_ALLOCATED = 1, KV_NESTED = 2, KV_NUM_NAMES = 3 };
+/* The names read: indices into kv_cache.names and kv_layout.read. */
+enum { KV_COMMITTED = 0, KV_ALLOCATED = 1, KV_NESTED = 2, KV_BEAM = 3, KV_NUM_NAMES = 4 };
 
 typedef struct {
     int how;
@@ -91,13 +91,14 @@ static int kv_hints_next;
 #endif
 
 static inline void kv_cache_init(kv_cache *c, PyObject *committed, PyObject *allocated,
-                                 PyObject *nested)
+                                 PyObject *nested, PyObject *beam)
 {
     memset(c, 0, sizeof(*c));
     c->learn = 4;
     c->names[KV_COMMITTED] = committed;
     c->names[KV_ALLOCATED] = allocated;
     c->names[KV_NESTED] = nested;
+    c->names[KV_BEAM] = beam;
 }
 
 static void kv_reader_init(kv_reader *r, PyTypeObject *t, PyObject *name)
@@ -247,6 +248,16 @@ static inline int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
     }
     *value = v;
     return 1;
+}
+
+/* obj.<c->names[which]> as kv_read gives it; *pure says whether reading it ran
+ * no Python code (so that reading it again would give the same object). */
+static inline int kv_get(kv_cache *c, PyObject *obj, int which, PyObject **value, int *pure)
+{
+    kv_layout *l = kv_layout_for(c, Py_TYPE(obj));
+    PyObject **dictslot = NULL;
+    *pure = l->read[which].how != KV_READ_GENERIC;
+    return kv_read(c, l, which, obj, value, &dictslot);
 }
 
 /* Where a request's lengths are looked for. */

@@ -143,3 +143,19 @@ def decode_alloc_plan_from_reqs(
         tokens = _fits(tokens + nxt - cur, "num_tokens")
         pages += _ceil_div(nxt, p) - _ceil_div(cur, p)
     return AllocPlan(cur_out, nxt_out, tokens, pages)
+
+
+def beam_member_rows_from_reqs(reqs: Sequence[Any], indices: Any = None) -> Any:
+    """SGLang's beam rows, ``sum(r.beam_group.num_member_rows for r in reqs if
+    r.beam_group is not None)``, over the selected requests (``indices`` as in
+    :func:`decode_new_tokens_from_reqs`).
+
+    SGLang 0.5.19+ adds this to the no-speculation estimate.  The sum is
+    Python's: whatever ``num_member_rows`` returns is added as ``sum()`` adds it.
+    """
+    reqs, rows = req_rows(reqs, indices)
+    total = 0
+    for _pos, req in _selected(reqs, rows):
+        if req.beam_group is not None:
+            total += req.beam_group.num_member_rows
+    return total
