@@ -69,16 +69,20 @@ def imported_reserve(module_name: str, name: str, factor: int) -> Callable[[], i
 # ------------------------------------------------------------------ the estimate
 
 def make_estimate(original: Callable[..., Any], cls: type, reserve: Callable[[], int],
-                  layout: str, *, has_v1: bool, beam: bool) -> Callable[..., Any]:
+                  layout: str, *, has_v1: bool, beam: bool,
+                  beam_rows: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """``ScheduleBatch.new_tokens_required_next_decode`` on kvest's request kernels.
 
     ``selected_indices`` goes to the kernel as ``indices`` (no list of requests
-    is built); the beam rows come from upstream's own ``num_beam_member_rows``
-    found where the original finds it; the spec-v1 branch (0.5.11-0.5.13) and
+    is built); the beam rows come from ``num_beam_member_rows`` found where the
+    original finds it -- through kvest's kernel when it is still ``beam_rows``,
+    the function whose code the detection matched, else by calling it; the
+    spec-v1 branch (0.5.11-0.5.13) and
     subclasses with their own spec-v2 method are left to the original.
     """
     decode = kvest.decode_new_tokens_from_reqs
     spec_v2 = kvest.spec_v2_new_tokens_from_reqs
+    beam_kernel = kvest.beam_member_rows_from_reqs
     home = original.__globals__  # type: ignore[attr-defined]
     method = "_new_tokens_required_next_decode_spec_v2"
 
@@ -89,9 +93,12 @@ def make_estimate(original: Callable[..., Any], cls: type, reserve: Callable[[],
             if self.spec_algorithm.is_none():
                 tokens = decode(reqs, page_size, selected_indices, layout=layout)
                 if beam:
-                    rows = reqs if selected_indices is None else map(
-                        reqs.__getitem__, selected_indices)
-                    tokens += home["num_beam_member_rows"](rows)
+                    rows_fn = home["num_beam_member_rows"]
+                    if rows_fn is beam_rows:
+                        tokens += beam_kernel(reqs, selected_indices)
+                    else:
+                        tokens += rows_fn(reqs if selected_indices is None else map(
+                            reqs.__getitem__, selected_indices))
                 return tokens
             kind = type(self)
             if not (has_v1 and not self.is_spec_v2) and (

@@ -51,6 +51,7 @@ ESTIMATE_REQUIRED = frozenset({"page_size", "reqs", "is_none", "kv_committed_len
 SPEC_V2_NAMES = frozenset({"kv", "kv_committed_len", "kv_allocated_len", "max", "ceil_align",
                            "get_alloc_reserve_per_decode", "get_alloc_len_per_decode"})
 SPEC_V2_REQUIRED = frozenset({"kv_committed_len", "kv_allocated_len", "max", "ceil_align"})
+BEAM_ROWS_NAMES = frozenset({"sum", "beam_group", "num_member_rows"})
 NUM_NEW_PAGES_NAMES = frozenset({"torch", "device", "int", "sum", "item", "to", "int64"})
 ALLOC_LENS_NAMES = frozenset({"len", "enumerate", "kv", "kv_allocated_len", "kv_committed_len",
                               "max"})
@@ -243,14 +244,19 @@ def _detect_estimator(shape: Shape, batch_module: types.ModuleType, impl: Any) -
     beam = "num_beam_member_rows" in names
     if has_v1:
         shape.features.append("spec-v1 branch (left to upstream)")
+    beam_rows = None
     if beam:
-        shape.features.append("beam rows")
+        candidate = spec_v2.__globals__.get("num_beam_member_rows")
+        if _plain_function(candidate) and code_features(candidate)[0] <= BEAM_ROWS_NAMES \
+                and code_features(candidate)[1] <= {None}:
+            beam_rows = candidate  # kvest's beam_member_rows_from_reqs computes the same
+        shape.features.append("beam rows" + (" (kernel)" if beam_rows else " (upstream's)"))
     qual = f"{BATCH_MODULE}.ScheduleBatch"
     shape.targets.append(Target(
         "ScheduleBatch.new_tokens_required_next_decode", cls,
         "new_tokens_required_next_decode", estimate,
         lambda original: impl.make_estimate(original, cls, reserve, layout, has_v1=has_v1,
-                                            beam=beam),
+                                            beam=beam, beam_rows=beam_rows),
         f"{qual}.new_tokens_required_next_decode"))
     shape.targets.append(Target(
         "ScheduleBatch._new_tokens_required_next_decode_spec_v2", cls,
