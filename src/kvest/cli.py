@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -101,6 +102,10 @@ def parser() -> argparse.ArgumentParser:
     """The command line: the demo's flags, and the ``bench`` subcommand's."""
     top = argparse.ArgumentParser(prog="python -m kvest", description=__doc__)
     sub = top.add_subparsers(dest="command")
+    # Parsed by kvest.sglang.doctor itself (main() hands it the rest of argv):
+    # listed here so that --help shows it.
+    sub.add_parser("sglang", help="check kvest against the installed SGLang (the doctor; "
+                                  "`python -m kvest sglang --help` for its options)")
     top.add_argument("--requests", type=_int_at_least(1), default=1024,
                      help="requests in the demo's decode batch (default 1024)")
     top.add_argument("--page-size", type=_int_at_least(1), default=16,
@@ -129,6 +134,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["sglang"]:  # the doctor has its own options
+        from kvest.sglang.doctor import main as sglang_doctor
+
+        return sglang_doctor(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "bench":
         from kvest._bench import run

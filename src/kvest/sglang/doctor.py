@@ -1,0 +1,177 @@
+"""``python -m kvest sglang``: is kvest right for the SGLang installed here?
+
+Finds the installed sglang, reports its version and shape, what kvest
+replaces (or why not), then runs a parity self-test: random batches through
+that installation's own functions and through kvest's replacements, answers
+and exceptions compared.  sglang is never imported (its functions are loaded
+from its files, see :mod:`kvest.sglang.upstream`), so this works with
+``pip install --no-deps sglang==X`` as well as in a full SGLang environment;
+``get_num_new_pages`` is checked where torch is installed.  Exit status 1 on
+any mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from kvest.sglang import upstream
+from kvest.sglang.replacements import FALLBACKS
+
+CONFIGS = [(3, 1, 4), (5, 1, 8), (3, 2, 6), (5, 4, 8), (5, 8, 64), (None, None, 4), (1, 1, 2)]
+PAGE_SIZES = [1, 16, 32, 64, 128, 256]
+
+
+def _outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as exc:
+        return ("raise", type(exc).__name__, str(exc))
+    if isinstance(value, tuple):
+        value = tuple(v.tolist() if isinstance(v, np.ndarray) else v for v in value)
+    return ("ok", value)
+
+
+def _page_size(rng: random.Random) -> int:
+    return rng.choice(PAGE_SIZES) if rng.random() < 0.6 else rng.randint(1, 256)
+
+
+def _requests(rng: random.Random, layout: str, page_size: int, beams: bool) -> list[Any]:
+    reqs = []
+    for _ in range(rng.randint(0, 64)):
+        committed = rng.randint(0, 2**21) if rng.random() < 0.5 else rng.randint(0, 4 * page_size)
+        allocated = committed + rng.randint(0, 3 * page_size + 160)
+        if rng.random() < 0.1:
+            allocated = rng.randint(0, committed)
+        if rng.random() < 0.02:  # a corrupt length: kvest declines, upstream answers
+            committed = -rng.randint(1, page_size)
+        beam = upstream.BeamGroup(rng.randint(0, 8)) if beams and rng.random() < 0.2 else None
+        reqs.append(upstream.Req(layout, committed, allocated, beam))
+    return reqs
+
+
+def self_test(tree: upstream.StandinTree, originals: dict[str, Any], batches: int,
+              seed: int, torch: Any) -> tuple[Counter[str], Counter[str]]:
+    """Run ``batches`` random batches; (comparisons, mismatches) per hot spot."""
+    rng = random.Random(seed)
+    layout = upstream.layout_name(tree.layout())
+    beams = tree.has("beam_rows")
+    eagle = tree.modules.get("sglang.srt.speculative.eagle_utils")
+    alloc_lens = getattr(eagle, "page_aligned_decode_alloc_lens", None)
+    if getattr(alloc_lens, "__kvest_original__", None) is None:
+        alloc_lens = None
+    common = tree.modules["sglang.srt.utils.common"]
+    pages_fn = common.get_num_new_pages
+    if getattr(pages_fn, "__kvest_original__", None) is None or torch is None:
+        pages_fn = None
+    estimate = vars(tree.batch_class).get("new_tokens_required_next_decode")
+    spec_v2_original = originals["_new_tokens_required_next_decode_spec_v2"]
+    replaced_estimate = getattr(estimate, "__kvest_original__", None) is not None
+    compared: Counter[str] = Counter()
+    mismatched: Counter[str] = Counter()
+
+    def check(name: str, expected: Any, got: Any) -> None:
+        compared[name] += 1
+        if expected != got:
+            mismatched[name] += 1
+            if mismatched[name] <= 3:
+                print(f"  MISMATCH {name}: upstream {expected}, kvest {got}")
+
+    for _ in range(batches if replaced_estimate or alloc_lens or pages_fn else 0):
+        p = _page_size(rng)
+        steps, topk, draft = rng.choice(CONFIGS)
+        spec = rng.random() < 0.5
+        algorithm = "EAGLE" if spec else None
+        tree.config = upstream.Config(algorithm, steps, topk, draft, p)
+        reqs = _requests(rng, layout, p, beams)
+        batch = tree.batch(reqs, p, algorithm, overlap=rng.random() < 0.5)
+        n = len(reqs)
+        selected = None
+        if n and rng.random() < 0.5:
+            selected = [rng.randint(-n, n - 1) for _ in range(rng.randint(0, 2 * n))]
+        if replaced_estimate:
+            check("new_tokens_required_next_decode",
+                  _outcome(originals["new_tokens_required_next_decode"],
+                           upstream.Unpatched(batch, spec_v2_original), selected),
+                  _outcome(batch.new_tokens_required_next_decode, selected))
+        if spec and replaced_estimate:
+            check("_new_tokens_required_next_decode_spec_v2",
+                  _outcome(originals["_new_tokens_required_next_decode_spec_v2"], batch, reqs, p),
+                  _outcome(batch._new_tokens_required_next_decode_spec_v2, reqs, p))
+        if alloc_lens is not None:
+            reserve = rng.randint(0, 600)
+            check("page_aligned_decode_alloc_lens",
+                  _outcome(originals["page_aligned_decode_alloc_lens"], reqs, reserve=reserve,
+                           page_size=p),
+                  _outcome(alloc_lens, reqs, reserve=reserve, page_size=p))
+        if pages_fn is not None:
+            seq = [rng.randint(0, 2**21) for _ in range(n)]
+            pre = [max(0, s - rng.randint(0, 300)) for s in seq]
+            seq_t = torch.tensor(seq, dtype=torch.int64)
+            pre_t = torch.tensor(pre, dtype=torch.int64)
+            decode = rng.random() < 0.5
+            check("get_num_new_pages",
+                  _outcome(originals["get_num_new_pages"], seq_t, p, pre_t, decode),
+                  _outcome(pages_fn, seq_t, p, pre_t, decode))
+    return compared, mismatched
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvest sglang", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=2000, help="random batches (2000)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    source = upstream.installed()
+    if source is None:
+        print("sglang is not installed here (pip install --no-deps sglang==X is enough "
+              "for this check)")
+        return 2
+    torch = None
+    if importlib.util.find_spec("torch") is not None:
+        import torch  # type: ignore[no-redef]
+    import kvest
+    import kvest.sglang
+
+    print(f"kvest {kvest.__version__} ({kvest.IMPLEMENTATION})")
+    print(f"sglang {source.version} at {source.root}")
+    with upstream.standin_tree(source, torch=torch) as tree:
+        cls = tree.batch_class
+        originals = {name: cls.__dict__[name] for name in
+                     ("new_tokens_required_next_decode",
+                      "_new_tokens_required_next_decode_spec_v2")}
+        originals["page_aligned_decode_alloc_lens"] = tree.alloc_function(
+            "page_aligned_decode_alloc_lens")
+        originals["get_num_new_pages"] = tree.modules["sglang.srt.utils.common"].get_num_new_pages
+        handle = kvest.sglang.patch()
+        try:
+            shape = handle.shape
+            print(f"shape: {shape.describe()}")
+            for label in handle.replaced:
+                print(f"  replaced: {label}")
+            for note in shape.skipped:
+                if note.startswith("get_num_new_pages: torch"):
+                    note = "get_num_new_pages: needs torch to be checked here (not installed)"
+                print(f"  left alone: {note}")
+            for problem in shape.problems:
+                print(f"  NOT RECOGNISED, left alone: {problem}")
+            before = sum(FALLBACKS.values())
+            compared, mismatched = self_test(tree, originals, args.batches, args.seed, torch)
+            declined = sum(FALLBACKS.values()) - before
+        finally:
+            handle.undo()
+    print("parity with this installation's own code:")
+    for name in compared:
+        print(f"  {name}: {compared[name]} compared, {mismatched[name]} mismatches")
+    if declined:
+        print(f"  ({declined} calls met a corrupt (negative) length, put there on purpose: "
+              "kvest declined them and SGLang's own code answered)")
+    total = sum(mismatched.values())
+    print(f"{args.batches} batches, {total} mismatches")
+    return 1 if total else 0

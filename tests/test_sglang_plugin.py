@@ -1,0 +1,98 @@
+"""The real entry path: SGLang's own load_plugins() finds kvest's entry point.
+
+The release's plugin framework (``sglang/srt/plugins/__init__.py`` and
+``hook_registry.py``, which import only the standard library and
+``sglang.srt.environ.envs``) runs from its files in a stand-in package tree;
+it reads the entry points of the installed distributions, so this needs kvest
+installed (as the test suite always has it).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+
+import pytest
+from sglang_standins import request_class
+from upstream import check_required, releases
+
+from kvest.sglang.replacements import FALLBACKS
+from kvest.sglang.upstream import Config, standin_tree
+
+RELEASES = [t for t in releases() if t.exists("sglang/srt/plugins/hook_registry.py")]
+check_required(RELEASES)
+if not RELEASES:
+    pytest.skip("no sglang release available", allow_module_level=True)
+
+
+def test_kvest_has_the_entry_point():
+    eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
+    assert [ep.value for ep in eps if ep.name == "kvest"] == ["kvest.sglang.plugin:load"]
+
+
+@pytest.fixture(params=RELEASES, ids=[t.version for t in RELEASES])
+def tree(request, monkeypatch):
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    monkeypatch.delenv("KVEST_SGLANG", raising=False)
+    with standin_tree(request.param, plugins=True) as standins:
+        yield standins
+
+
+def _batch(tree, spec):
+    tree.config = Config("EAGLE" if spec else None, 3, 1, 4, 16)
+    make = request_class(tree.layout())
+    reqs = [make(c, c + d) for c, d in [(5, 0), (16, 3), (31, 40), (100, 7), (128, 0)]]
+    return tree.batch(reqs, 16, "EAGLE" if spec else None, overlap=True)
+
+
+def test_load_plugins_replaces_the_estimate(tree, caplog):
+    cls = tree.batch_class
+    original = cls.__dict__["new_tokens_required_next_decode"]
+    cases = [(spec, sel) for spec in (False, True) for sel in (None, (4, 0, -1))]
+    expected = {case: original(_batch(tree, case[0]), case[1]) for case in cases}  # unpatched
+    with caplog.at_level(logging.INFO, logger="kvest.sglang"):
+        tree.modules["sglang.srt.plugins"].load_plugins()
+    patched = cls.__dict__["new_tokens_required_next_decode"]
+    assert patched is not original
+    assert patched.__wrapped__ is original  # SGLang's HookRegistry REPLACE wrapper
+    before = sum(FALLBACKS.values())
+    for (spec, sel), value in expected.items():
+        assert _batch(tree, spec).new_tokens_required_next_decode(sel) == value
+    assert sum(FALLBACKS.values()) == before
+    lines = [r.getMessage() for r in caplog.records if r.name == "kvest.sglang"]
+    assert len(lines) == 1, lines
+    assert "replaced ScheduleBatch.new_tokens_required_next_decode" in lines[0]
+    # Idempotent, as SGLang means load_plugins() to be.
+    tree.modules["sglang.srt.plugins"].load_plugins()
+    assert cls.__dict__["new_tokens_required_next_decode"] is patched
+
+
+@pytest.mark.parametrize("env", [{"KVEST_SGLANG": "0"}, {"SGLANG_PLUGINS": "someone_else"}])
+def test_turned_off(tree, monkeypatch, env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    original = tree.batch_class.__dict__["new_tokens_required_next_decode"]
+    tree.modules["sglang.srt.plugins"].load_plugins()
+    assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is original
+
+
+def test_plugin_never_imports_the_scheduler(tree):
+    """In a process without the scheduler's modules, the plugin touches nothing."""
+    import sys
+
+    del sys.modules["sglang.srt.managers.schedule_batch"]
+    tree.modules["sglang.srt.plugins"].load_plugins()
+    assert "sglang.srt.managers.schedule_batch" not in sys.modules
+
+
+def test_patch_after_the_plugin_leaves_the_hooks_alone(tree):
+    import kvest.sglang
+
+    tree.modules["sglang.srt.plugins"].load_plugins()
+    hooked = tree.batch_class.__dict__["new_tokens_required_next_decode"]
+    handle = kvest.sglang.patch()
+    assert not handle.shape.problems
+    assert "ScheduleBatch.new_tokens_required_next_decode" not in handle.replaced
+    assert any("already wrapped by a plugin hook" in s for s in handle.shape.skipped)
+    handle.undo()
+    assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is hooked

@@ -1,0 +1,276 @@
+"""kvest inside the real SGLang: real Req objects through a real ScheduleBatch.
+
+Runs where sglang's scheduler modules import (an environment built by
+``tools/make_sglang_env.sh``, see the README); skipped elsewhere, except under
+``KVEST_REQUIRE_REAL_SGLANG=1`` (CI), where a missing environment fails.
+
+The originals are kept before SGLang's own ``load_plugins()`` runs; it must
+find kvest's entry point and replace the four hot spots; then the replacements
+are compared with the originals -- answers and exceptions -- on random batches
+of real requests: speculative (through the release's own settings) and not,
+beam rows, ``selected_indices``, page sizes 1 to 256.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import types
+from array import array
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvest._env import flag
+from kvest.sglang.replacements import FALLBACKS
+from kvest.sglang.upstream import Unpatched
+
+try:
+    import sglang
+    import sglang.srt.managers.schedule_batch as sb
+    import sglang.srt.mem_cache.allocation_sizing as sizing
+    import sglang.srt.speculative.eagle_utils as eagle
+    import sglang.srt.utils.common as common
+    import torch
+except Exception as exc:  # not a real SGLang environment
+    if flag("KVEST_REQUIRE_REAL_SGLANG"):
+        raise RuntimeError(f"KVEST_REQUIRE_REAL_SGLANG is set but sglang does not import: {exc}"
+                           ) from exc
+    pytest.skip(f"the real sglang scheduler modules do not import here ({exc})",
+                allow_module_level=True)
+
+import sglang.srt.mem_cache.allocator.paged as paged
+from sglang.srt.plugins import load_plugins
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+EXAMPLES = int(os.environ.get("KVEST_PARITY_EXAMPLES", "300"))
+CONFIGS = [(3, 1, 4), (5, 1, 8), (3, 2, 6), (5, 4, 8), (5, 8, 64), (1, 1, 2)]
+PAGES = st.one_of(st.sampled_from([1, 16, 32, 64, 128, 256]), st.integers(1, 256))
+
+ORIGINAL = {
+    "estimate": sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"],
+    "spec_v2": sb.ScheduleBatch.__dict__["_new_tokens_required_next_decode_spec_v2"],
+    "alloc_lens": sizing.page_aligned_decode_alloc_lens,
+    "get_num_new_pages": common.get_num_new_pages,
+}
+HAS = {
+    "alloc_lens": eagle.__dict__.get("page_aligned_decode_alloc_lens") is ORIGINAL["alloc_lens"],
+    "beam": hasattr(sb, "num_beam_member_rows"),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def plugins_loaded():
+    """SGLang's own plugin loader, once (it is idempotent per process by design)."""
+    logger = logging.getLogger("kvest.sglang")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        load_plugins()
+    finally:
+        logger.removeHandler(handler)
+    return [r.getMessage() for r in records]
+
+
+def test_load_plugins_found_kvest(plugins_loaded):
+    assert len(plugins_loaded) == 1, plugins_loaded
+    line = plugins_loaded[0]
+    assert f"sglang {sglang.__version__}" in line
+    estimate = sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"]
+    assert estimate is not ORIGINAL["estimate"]
+    assert estimate.__wrapped__ is ORIGINAL["estimate"]  # HookRegistry's REPLACE wrapper
+    assert sb.ScheduleBatch.__dict__["_new_tokens_required_next_decode_spec_v2"] \
+        is not ORIGINAL["spec_v2"]
+    # get_num_new_pages: replaced where it lives and in every importer.
+    assert common.get_num_new_pages is not ORIGINAL["get_num_new_pages"]
+    assert paged.get_num_new_pages is common.get_num_new_pages
+    if HAS["alloc_lens"]:
+        # Arrays only for the caller that turns the lists into int32 tensors.
+        assert eagle.page_aligned_decode_alloc_lens.__kvest_original__ is ORIGINAL["alloc_lens"]
+        assert sizing.page_aligned_decode_alloc_lens is ORIGINAL["alloc_lens"]
+
+
+# ------------------------------------------------------------------ real objects
+
+_counter = iter(range(10**9))
+
+
+def make_req(committed: int, allocated: int) -> sb.Req:
+    req = sb.Req(f"r{next(_counter)}", "", array("q", range(4)),
+                 SamplingParams(max_new_tokens=16))
+    kv = getattr(req, "kv", None)
+    (kv if kv is not None and hasattr(kv, "kv_committed_len") else req).kv_committed_len = \
+        committed
+    (kv if kv is not None and hasattr(kv, "kv_allocated_len") else req).kv_allocated_len = \
+        allocated
+    return req
+
+
+def make_batch(reqs, page_size: int, algorithm: str | None):
+    return sb.ScheduleBatch(
+        reqs=reqs,
+        token_to_kv_pool_allocator=types.SimpleNamespace(page_size=page_size),
+        spec_algorithm=SpeculativeAlgorithm.from_string(algorithm),
+        enable_overlap=True,
+    )
+
+
+@contextlib.contextmanager
+def speculative(steps, topk, draft, page_size):
+    """The release's own settings, the way this release reads them."""
+    fields = dict(speculative_algorithm="EAGLE", speculative_num_steps=steps,
+                  speculative_eagle_topk=topk, speculative_num_draft_tokens=draft,
+                  page_size=page_size)
+    try:
+        from sglang.srt.runtime_context import get_context
+    except ImportError:
+        get_context = None
+    if get_context is not None and hasattr(get_context(), "override_server_args"):
+        with get_context().override_server_args(**fields):
+            yield
+        return
+    from sglang.srt import server_args as sa
+
+    previous = getattr(sa, "_global_server_args", None)
+    sa.set_global_server_args_for_scheduler(sa.ServerArgs(model_path="dummy", **fields))
+    try:
+        yield
+    finally:
+        sa._global_server_args = previous
+
+
+def beam_group(rows: int):
+    from sglang.srt.beam_search.beam_group import BeamGroup
+
+    group = BeamGroup(beam_width=max(rows, 1), max_new_tokens=16)
+    group.member_rows = torch.arange(rows)
+    return group
+
+
+def outcome(fn, *args, **kwargs):
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as exc:
+        return ("raise", type(exc), str(exc))
+    return ("ok", value)
+
+
+@st.composite
+def requests(draw, p):
+    reqs = []
+    for _ in range(draw(st.integers(0, 40))):
+        c = draw(st.integers(0, 2**21) | st.integers(0, 4 * p))
+        a = c + draw(st.integers(0, 3 * p + 160))
+        if draw(st.integers(0, 9)) == 0:
+            a = draw(st.integers(0, c))
+        reqs.append(make_req(c, a))
+    if HAS["beam"] and reqs and draw(st.booleans()):
+        for i in draw(st.lists(st.integers(0, len(reqs) - 1), max_size=3)):
+            reqs[i].beam_group = beam_group(draw(st.integers(0, 4)))
+    return reqs
+
+
+def selections(n):
+    return st.none() | st.lists(st.integers(-n, n - 1), max_size=2 * n) if n else st.none()
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(data=st.data(), p=PAGES, config=st.sampled_from(CONFIGS), spec=st.booleans())
+def test_estimate(data, p, config, spec):
+    reqs = data.draw(requests(p))
+    selected = data.draw(selections(len(reqs)))
+    batch = make_batch(reqs, p, "EAGLE" if spec else None)
+    before = sum(FALLBACKS.values())
+    with speculative(*config, p) if spec else contextlib.nullcontext():
+        expected = outcome(ORIGINAL["estimate"], Unpatched(batch, ORIGINAL["spec_v2"]), selected)
+        assert outcome(batch.new_tokens_required_next_decode, selected) == expected
+        if spec:
+            assert outcome(batch._new_tokens_required_next_decode_spec_v2, reqs, p) == \
+                outcome(ORIGINAL["spec_v2"], batch, reqs, p)
+    if expected[0] == "ok":
+        assert sum(FALLBACKS.values()) == before, "kvest declined a real batch"
+
+
+@pytest.mark.skipif(not HAS["alloc_lens"], reason="no page_aligned_decode_alloc_lens caller")
+@settings(max_examples=EXAMPLES // 2, deadline=None)
+@given(data=st.data(), p=PAGES, reserve=st.integers(0, 600))
+def test_page_aligned_decode_alloc_lens(data, p, reserve):
+    reqs = data.draw(requests(p))
+    cur, nxt, needed = eagle.page_aligned_decode_alloc_lens(reqs, reserve=reserve, page_size=p)
+    cur_l, nxt_l, needed_l = ORIGINAL["alloc_lens"](reqs, reserve=reserve, page_size=p)
+    assert isinstance(cur, np.ndarray) and cur.dtype == np.int32
+    assert needed == needed_l
+    # What the caller does with them: the same int32 tensors.
+    for ours, theirs in ((cur, cur_l), (nxt, nxt_l)):
+        assert torch.equal(torch.tensor(ours, dtype=torch.int32, device="cpu"),
+                           torch.tensor(theirs, dtype=torch.int32, device="cpu"))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    seq=st.lists(st.integers(0, 2**40) | st.integers(2**63 - 300, 2**63 - 1), max_size=64),
+    extra=st.lists(st.integers(0, 300), max_size=64),
+    p=PAGES | st.sampled_from([0, -3]),
+    dtype=st.sampled_from([torch.int64, torch.int32, torch.int16, torch.float32]),
+    decode=st.booleans(),
+    prefix_none=st.booleans(),
+)
+def test_get_num_new_pages(seq, extra, p, dtype, decode, prefix_none):
+    if dtype.is_floating_point:
+        seq = [s % 2**20 for s in seq]
+    else:
+        seq = [min(s, torch.iinfo(dtype).max) for s in seq]
+    n = min(len(seq), len(extra))
+    seq_t = torch.tensor(seq[:n], dtype=dtype)
+    prefix_t = None if prefix_none else torch.tensor(
+        [max(s - e, 0) for s, e in zip(seq[:n], extra[:n], strict=False)], dtype=dtype)
+    expected = outcome(ORIGINAL["get_num_new_pages"], seq_lens=seq_t, page_size=p,
+                       prefix_lens=prefix_t, decode=decode)
+    got = outcome(paged.get_num_new_pages, seq_lens=seq_t, page_size=p, prefix_lens=prefix_t,
+                  decode=decode)
+    assert got == expected
+    if expected[0] == "ok":
+        assert type(got[1]) is int
+
+
+def _scheduler_like_process(queue) -> None:  # runs in a spawned child
+    """What SGLang's run_scheduler_process does first: load_plugins()."""
+    import logging
+
+    import sglang.srt.managers.schedule_batch as child_sb
+    from sglang.srt.plugins import load_plugins as child_load_plugins
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("kvest.sglang").addHandler(handler)
+    logging.getLogger("kvest.sglang").setLevel(logging.INFO)
+    child_load_plugins()
+    estimate = child_sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"]
+    queue.put((getattr(estimate, "__wrapped__", None) is not None, records))
+
+
+@pytest.mark.parametrize("off", [False, True], ids=["on", "KVEST_SGLANG=0"])
+def test_spawned_process_runs_on_kvest(off, monkeypatch):
+    """SGLang spawns its schedulers; installed kvest reaches them with no launcher change."""
+    import multiprocessing
+
+    if off:
+        monkeypatch.setenv("KVEST_SGLANG", "0")
+    context = multiprocessing.get_context("spawn")  # as SGLang's engine forces
+    queue = context.Queue()
+    process = context.Process(target=_scheduler_like_process, args=(queue,))
+    process.start()
+    replaced, records = queue.get(timeout=300)
+    process.join(timeout=60)
+    assert process.exitcode == 0
+    assert replaced is not off
+    assert len(records) == 1
+    assert ("off (KVEST_SGLANG=0)" in records[0]) is off

@@ -1,0 +1,131 @@
+"""Shape detection leaves unknown code alone; patch() rebinds importers and undoes it all."""
+
+from __future__ import annotations
+
+import ast
+import sys
+import textwrap
+import types
+import warnings
+
+import pytest
+from upstream import check_required, releases
+
+import kvest.sglang
+from kvest.sglang.shapes import _int32_tensor_use, code_features
+from kvest.sglang.upstream import standin_tree
+
+RELEASES = releases()
+check_required(RELEASES)
+if not RELEASES:
+    pytest.skip("no sglang release available", allow_module_level=True)
+NEWEST = RELEASES[-1]
+
+
+class FakeTensor:
+    """Enough of torch for the detection to accept get_num_new_pages (never called)."""
+
+
+FAKE_TORCH = types.SimpleNamespace(Tensor=FakeTensor, device=lambda name: name)
+
+
+def _edited(fn, old: str, new: str):
+    """``fn`` recompiled from its source with one edit: a fork of upstream's code."""
+    import inspect
+
+    source = textwrap.dedent(inspect.getsource(fn)).replace(old, new)
+    assert old in textwrap.dedent(inspect.getsource(fn))
+    namespace: dict = {}
+    exec(compile(ast.parse(source), "<fork>", "exec"), fn.__globals__, namespace)
+    return namespace[fn.__name__]
+
+
+@pytest.mark.parametrize("edit", [
+    ("page_size == 0", "page_size == 1"),                 # a different constant
+    ("kv_committed_len", "kv_committed_len_v2"),          # a name kvest has not read
+])
+def test_a_fork_of_the_estimate_is_left_alone_with_a_warning(edit):
+    with standin_tree(NEWEST) as tree:
+        cls = tree.batch_class
+        fork = _edited(cls.__dict__["new_tokens_required_next_decode"], *edit)
+        cls.new_tokens_required_next_decode = fork
+        with pytest.warns(RuntimeWarning, match="left unpatched: ScheduleBatch estimate"):
+            handle = kvest.sglang.patch()
+        assert cls.__dict__["new_tokens_required_next_decode"] is fork
+        assert "_new_tokens_required_next_decode_spec_v2" not in " ".join(handle.replaced)
+        handle.undo()
+
+
+def test_unknown_release_shape_is_left_alone():
+    with standin_tree(NEWEST) as tree:
+        del tree.batch_class._new_tokens_required_next_decode_spec_v2
+        with pytest.warns(RuntimeWarning, match="release before 0.5.11, or a fork"):
+            handle = kvest.sglang.patch()
+        assert not [r for r in handle.replaced if r.startswith("ScheduleBatch")]
+
+
+def test_patch_rebinds_importers_and_undo_restores_everything():
+    with standin_tree(NEWEST, torch=FAKE_TORCH) as tree:
+        common = tree.modules["sglang.srt.utils.common"]
+        original = common.get_num_new_pages
+        importer = types.ModuleType("sglang.srt.mem_cache.allocator.some_allocator")
+        importer.get_num_new_pages = original  # as `from ...common import get_num_new_pages`
+        sys.modules[importer.__name__] = importer
+        cls = tree.batch_class
+        before = dict(vars(cls))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            handle = kvest.sglang.patch()
+        assert "get_num_new_pages" in handle.replaced
+        for module in (common, tree.modules["sglang.srt.utils"], importer):
+            assert module.get_num_new_pages.__kvest_original__ is original
+        handle.undo()
+        for module in (common, tree.modules["sglang.srt.utils"], importer):
+            assert module.get_num_new_pages is original
+        assert dict(vars(cls)) == before
+        handle.undo()  # twice is harmless
+
+
+def test_patch_twice_replaces_once():
+    with standin_tree(NEWEST) as tree:
+        first = kvest.sglang.patch()
+        patched = tree.batch_class.__dict__["new_tokens_required_next_decode"]
+        second = kvest.sglang.patch()
+        assert not second.replaced
+        assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is patched
+        second.undo()
+        assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is patched
+        first.undo()
+        assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is \
+            patched.__kvest_original__
+
+
+def test_code_features_leave_the_docstring_out():
+    def f(r):
+        """a docstring"""
+        return sum(x.kv_committed_len for x in r) + 2
+
+    names, consts = code_features(f)
+    assert {"sum", "kv_committed_len"} <= names
+    assert "a docstring" not in consts and 2 in consts
+
+
+CALLER_OK = """
+def prepare(batch):
+    cur, nxt, n = page_aligned_decode_alloc_lens(batch.reqs, reserve=8, page_size=16)
+    cur_t = torch.tensor(cur, dtype=torch.int32, device="cpu")
+    nxt_t = torch.tensor(nxt, dtype=torch.int32, device="cpu")
+    cur = cur_t.to("cuda")
+    return cur, nxt_t, n
+"""
+
+
+@pytest.mark.parametrize("source, ok", [
+    (CALLER_OK, True),
+    (CALLER_OK.replace("torch.int32", "torch.int64"), False),        # other dtype
+    (CALLER_OK.replace("return cur, nxt_t, n", "return max(nxt), n"), False),  # list use
+    (CALLER_OK.replace("    cur = cur_t", "    if n:\n        cur = cur_t"), False),
+    (CALLER_OK.replace("cur, nxt, n = page", "lens = page"), False),  # not unpacked
+])
+def test_which_callers_get_int32_arrays(source, ok):
+    assert _int32_tensor_use(ast.parse(source), "page_aligned_decode_alloc_lens")[0] is ok

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# make_sglang_env.sh VERSION DEST [REQUIREMENTS_FILE]
+#
+# Build a fresh Python 3.11 virtual environment at DEST in which sglang VERSION's
+# real scheduler module (sglang.srt.managers.schedule_batch) imports on a CPU-only
+# machine, following shared/sglang-cpu/README.md:
+#   1. pip install torch==2.13.0              (the CPU build on this machine's disk;
+#                                              never plain `torch`: a multi-GB CUDA build)
+#   2. pip install --no-deps -r requirements-VERSION.txt
+#   3. a stand-in `torchvision` (torchvision_standin.py, beside this script) copied into
+#      site-packages and activated by a .pth file, so every interpreter of the venv
+#      (including processes SGLang spawns) gets it before anything imports torchvision;
+#   4. a smoke test: import schedule_batch, print the time it took.
+#
+# Environment / arguments:
+#   REQUIREMENTS_FILE (3rd arg) or SGLANG_CPU_REQS   exact requirements file to use
+#   SGLANG_CPU_DIR      folder holding requirements-VERSION.txt; default: the first of
+#                       $SCRIPT_DIR/../shared/sglang-cpu, $SCRIPT_DIR/../../shared/sglang-cpu,
+#                       /work/shared/sglang-cpu that exists
+#   PYTHON              interpreter to build the venv from; default: `python3.11`, else
+#                       pyenv's 3.11.7
+#   TORCH_SPEC          default torch==2.13.0
+#   FORCE=1             replace DEST if it exists (otherwise refuse)
+#   ALLOW_NON_CPU_TORCH=1  skip the check that pip would pick a +cpu torch wheel
+#   SKIP_SMOKE=1        skip the final import test
+set -euo pipefail
+
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+log() { printf '[make_sglang_env %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+[[ ${1:-} == -h || ${1:-} == --help ]] && usage 0
+[[ $# -ge 2 && $# -le 3 ]] || usage 2
+VERSION=$1
+DEST=$2
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+STANDIN_SRC="$SCRIPT_DIR/torchvision_standin.py"
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+[[ -f $STANDIN_SRC ]] || die "missing $STANDIN_SRC (keep it beside this script)"
+
+# --- requirements file ---------------------------------------------------------------
+REQS=${3:-${SGLANG_CPU_REQS:-}}
+if [[ -z $REQS ]]; then
+    if [[ -n ${SGLANG_CPU_DIR:-} ]]; then
+        candidates=("$SGLANG_CPU_DIR")
+    else
+        candidates=("$SCRIPT_DIR/../shared/sglang-cpu" "$SCRIPT_DIR/../../shared/sglang-cpu" /work/shared/sglang-cpu)
+    fi
+    for d in "${candidates[@]}"; do
+        if [[ -f $d/requirements-$VERSION.txt ]]; then REQS=$d/requirements-$VERSION.txt; break; fi
+    done
+    [[ -n $REQS ]] || die "no requirements-$VERSION.txt in: ${candidates[*]} (set SGLANG_CPU_DIR or SGLANG_CPU_REQS)"
+fi
+[[ -f $REQS ]] || die "requirements file not found: $REQS"
+REQS=$(cd "$(dirname "$REQS")" && pwd)/$(basename "$REQS")
+grep -qiE "^sglang==$VERSION\s*$" "$REQS" || die "$REQS does not pin sglang==$VERSION"
+
+# --- interpreter -----------------------------------------------------------------------
+pick_python() {
+    local c
+    for c in "${PYTHON:-}" python3.11 "${PYENV_ROOT:-$HOME/.pyenv}/versions/3.11.7/bin/python3.11"; do
+        [[ -n $c ]] || continue
+        if "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' >/dev/null 2>&1; then
+            # resolve pyenv shims to the real interpreter so the venv does not depend on them
+            "$c" -c 'import sys; print(sys.executable)'
+            return 0
+        fi
+    done
+    return 1
+}
+PY=$(pick_python) || die "no Python 3.11 found (set PYTHON=...)"
+
+# --- fresh venv ------------------------------------------------------------------------
+if [[ -e $DEST ]]; then
+    [[ ${FORCE:-0} == 1 ]] || die "$DEST exists; use FORCE=1 to replace it"
+    log "removing existing $DEST"
+    rm -rf -- "$DEST"
+fi
+mkdir -p "$(dirname "$DEST")"
+DEST=$(cd "$(dirname "$DEST")" && pwd)/$(basename "$DEST")
+t0=$SECONDS
+log "sglang $VERSION -> $DEST (python: $PY, requirements: $REQS)"
+"$PY" -m venv "$DEST"
+VPY=$DEST/bin/python
+pip_() { "$VPY" -m pip --disable-pip-version-check "$@"; }
+
+# --- 1. torch (CPU build) ----------------------------------------------------------------
+# Guard against a CUDA torch: ask pip what it would install before installing it.
+if [[ ${ALLOW_NON_CPU_TORCH:-0} != 1 ]]; then
+    report=$(mktemp)
+    pip_ install --quiet --dry-run --no-deps --ignore-installed --report "$report" "$TORCH_SPEC" >/dev/null
+    picked=$("$VPY" -c 'import json,sys; r=json.load(open(sys.argv[1]))["install"][0]; print(r["metadata"]["version"], r["download_info"]["url"])' "$report")
+    rm -f "$report"
+    log "pip would pick torch $picked"
+    [[ $picked == *+cpu* ]] || die "pip would install a non-CPU torch ($picked); refusing (ALLOW_NON_CPU_TORCH=1 to override)"
+fi
+log "1/4 pip install $TORCH_SPEC"
+pip_ install "$TORCH_SPEC"
+
+# --- 2. sglang and the packages its scheduler path imports -------------------------------
+log "2/4 pip install --no-deps -r $REQS"
+pip_ install --no-deps -r "$REQS"
+
+# --- 3. the torchvision stand-in, active in every interpreter of this venv ---------------
+SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+log "3/4 torchvision stand-in -> $SITE"
+"$VPY" -c 'import importlib.util,sys; sys.exit(importlib.util.find_spec("torchvision") is not None)' \
+    || die "a real torchvision got installed into the venv; the stand-in would shadow it"
+cp "$STANDIN_SRC" "$SITE/torchvision_standin.py"
+# A .pth line starting with "import" is executed by site.py at every interpreter start.
+echo 'import torchvision_standin; torchvision_standin.install()' >"$SITE/zz_torchvision_standin.pth"
+"$VPY" -m compileall -q "$SITE/torchvision_standin.py"
+
+# pip check: expected to complain (torch older than sglang's pin, --no-deps); log only.
+pip_ check >"$DEST/pip-check.txt" 2>&1 || true
+log "pip check: $(wc -l <"$DEST/pip-check.txt") lines of complaints (see $DEST/pip-check.txt)"
+
+# --- 4. smoke test ---------------------------------------------------------------------
+if [[ ${SKIP_SMOKE:-0} != 1 ]]; then
+    log "4/4 import sglang.srt.managers.schedule_batch"
+    "$VPY" - <<'EOF'
+import sys, time
+t = time.perf_counter()
+import sglang.srt.managers.schedule_batch as sb  # noqa: E402
+dt = time.perf_counter() - t
+import sglang, torch, torchvision
+assert getattr(torchvision, "__torchvision_standin__", False), "torchvision is not the stand-in"
+assert torch.version.cuda is None, "torch is a CUDA build"
+print(f"sglang {sglang.__version__}  torch {torch.__version__}  python {sys.version.split()[0]}  "
+      f"import schedule_batch: {dt:.1f} s")
+EOF
+fi
+build_s=$((SECONDS - t0))
+size=$(du -sh "$DEST" | cut -f1)
+printf 'sglang %s\t%s\tbuilt in %d s\t%s\n' "$VERSION" "$DEST" "$build_s" "$size" | tee "$DEST/BUILD-INFO.txt"
