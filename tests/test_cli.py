@@ -53,6 +53,8 @@ def test_bad_flag_from_the_shell_prints_usage_not_a_traceback():
      {"quick": True, "plot_path": cli.DEFAULT_PLOT, "markdown": None}),
     (["bench", "--plot", "out.png", "--markdown", "t.md"],
      {"quick": False, "plot_path": "out.png", "markdown": "t.md"}),
+    (["bench", "--sglang"],
+     {"quick": False, "plot_path": None, "markdown": None, "sglang_only": True}),
 ])
 def test_bench_flags(argv, expected, monkeypatch):
     """`--plot` alone writes bench.png; each flag reaches the benchmark."""
@@ -61,7 +63,7 @@ def test_bench_flags(argv, expected, monkeypatch):
     seen = {}
     monkeypatch.setattr(_bench, "run", lambda **kwargs: seen.update(kwargs) or 0)
     assert cli.main(argv) == 0
-    assert seen == expected
+    assert seen == {"sglang_only": False, **expected}
 
 
 def test_demo_runs_and_agrees(capsys):

@@ -495,20 +495,14 @@ class MissingViaProperty:
 REQ_CASES = [
     (FloatProperty(), TypeError, "reqs[0].kv_committed_len must be an integer, not float"),
     (MissingViaProperty(), AttributeError, "reqs[0] has neither .kv_committed_len"),
-]
-REQ_CASES_PENDING = [
     (RaisingProperty(), TypeError, "reqs[0].kv_committed_len could not be read"),
     (NestedRaising(), TypeError, "reqs[0].kv.kv_committed_len could not be read"),
 ]
-_PENDING = pytest.mark.xfail(
-    kvest.IMPLEMENTATION == "cython", strict=True,
-    reason="the compiled object kernel lets the property's own exception through "
-           "(the shared rule, kvest._inputs.req_length, wraps it): being rewritten")
 
 
 @pytest.mark.parametrize(
     ("req", "exc", "fragment"),
-    [*REQ_CASES, *(pytest.param(*case, marks=_PENDING) for case in REQ_CASES_PENDING)],
+    REQ_CASES,
     ids=lambda v: type(v).__name__ if not isinstance(v, str) else None)
 @pytest.mark.parametrize("name", ["spec_v2_new_tokens_from_reqs", "decode_new_tokens_from_reqs"])
 def test_request_attributes_that_misbehave(name, req, exc, fragment):
@@ -585,11 +579,27 @@ def check_any(name: str, args: tuple, kwargs: dict, where: int | str, values: li
             assert issubclass(result[1], allowed), (name, where, junk, result)
 
 
-@pytest.mark.xfail(strict=True, reason="both object kernels iterate reqs in their loop "
-                   "bodies, which let the iterator's own exception through: being rewritten")
+class _GoodReq:
+    kv_committed_len = 16
+    kv_allocated_len = 16
+
+
+def _broken_iterator():
+    yield _GoodReq()
+    raise RuntimeError("storage went away")
+
+
 @pytest.mark.parametrize("name", ["spec_v2_new_tokens_from_reqs", "decode_new_tokens_from_reqs"])
-def test_reqs_that_fail_while_iterated(name):
-    args = (BrokenSequence(), 16, 6) if name.startswith("spec_v2") else (BrokenSequence(), 16)
+@pytest.mark.parametrize(("make", "indices", "where"), [
+    (BrokenSequence, None, 0),  # iterated: __getitem__(0) fails
+    (BrokenSequence, [-1], 2),  # selected rows: reqs[2] fails
+    (_broken_iterator, None, 1),  # a generator that fails after one request
+], ids=["iterated", "indexed", "generator"])
+def test_reqs_that_fail_while_read(name, make, indices, where):
+    """A container that fails while giving a request: a TypeError naming reqs and
+    the position, from both implementations, never the container's own exception."""
     for impl in (kvest, reference):
-        with pytest.raises(TypeError, match="reqs"):
+        args = (make(), 16, 6, indices) if name.startswith("spec_v2") else (make(), 16, indices)
+        with pytest.raises(TypeError,
+                           match=rf"reqs could not be read at reqs\[{where}\]: RuntimeError"):
             getattr(impl, name)(*args)

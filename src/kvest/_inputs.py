@@ -444,14 +444,24 @@ def req_length(req: Any, pos: int, attr: str) -> int:
         except MemoryError:
             raise
         except Exception as exc:  # a property of the caller's that fails
-            raise TypeError(
-                f"reqs[{pos}].kv.{attr} could not be read: {_describe(exc)}: {exc}") from exc
+            raise req_read_error(exc, pos, f".kv.{attr}") from exc
     except MemoryError:
         raise
     except Exception as exc:
-        raise TypeError(
-            f"reqs[{pos}].{attr} could not be read: {_describe(exc)}: {exc}") from exc
+        raise req_read_error(exc, pos, f".{attr}") from exc
     return req_length_value(value, pos, attr)
+
+
+def reqs_read_error(exc: Exception, pos: int) -> TypeError:
+    """The error for a ``reqs`` container that fails while giving request ``pos``
+    (its iterator or ``__getitem__`` raised ``exc``)."""
+    return TypeError(f"reqs could not be read at reqs[{pos}]: {_describe(exc)}: {exc}")
+
+
+def req_read_error(exc: Exception, pos: int, path: str) -> TypeError:
+    """The error for ``reqs[pos]<path>`` whose read raised ``exc`` (not AttributeError,
+    which means "not there"): a property or ``__getattr__`` of the caller's that fails."""
+    return TypeError(f"reqs[{pos}]{path} could not be read: {_describe(exc)}: {exc}")
 
 
 def req_length_value(value: Any, pos: int, attr: str) -> int:

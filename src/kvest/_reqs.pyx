@@ -43,7 +43,16 @@ from kvest._common cimport (
 
 import numpy as np
 
-from kvest._inputs import as_plan_out, as_req_layout, as_reqs, req_length_value, req_rows
+from kvest._inputs import (
+    as_plan_out,
+    as_req_layout,
+    as_reqs,
+    req_length,
+    req_length_value,
+    req_read_error,
+    req_rows,
+    reqs_read_error,
+)
 from kvest._names import REQ_FUNCTIONS
 from kvest._types import AllocPlan
 
@@ -86,6 +95,11 @@ cdef str _BEAM = "beam_group"
 
 # ----------------------------------------------------------- reading lengths
 
+cdef int _raised() except -1:
+    """Raise the exception a C lookup left set (Cython raises it on -1)."""
+    return -1
+
+
 cdef int64_t _length_slow(int status, object req, Py_ssize_t pos, int which, int at,
                           kv_req_state *st, PyObject *value) except -1:
     """The rare outcomes: an error, a missing attribute, a value the Python rule judges."""
@@ -93,7 +107,17 @@ cdef int64_t _length_slow(int status, object req, Py_ssize_t pos, int which, int
     # Python code may run from here: a held req.kv may no longer be current.
     kv_req_forget(st)
     if status == KV_LEN_ERROR:
-        return -1  # the exception the lookup raised
+        try:
+            _raised()
+        except (AttributeError, MemoryError):
+            raise
+        except Exception as exc:  # a property or __getattr__ of the caller's that fails
+            if at == KV_AT_EITHER:
+                # Which read failed (req.<name>, req.kv or req.kv.<name>) is for the
+                # shared rule to tell, as the twin's: it reads again and words it.
+                return req_length(req, pos, attr)
+            raise req_read_error(exc, pos, f"{'.kv.' if at == KV_AT_NESTED else '.'}{attr}") \
+                from exc
     if status == KV_LEN_MISSING:
         if at == KV_AT_EITHER:
             raise AttributeError(f"reqs[{pos}] has neither .{attr} nor .kv.{attr}")
@@ -140,12 +164,24 @@ cdef struct Job:
     PyObject *beam_total  # BEAM: the total as a Python object once it is not an int64
 
 
-cdef int _overflow(Job *job, Py_ssize_t pos) except -1:
-    if job.kind == PLAN:
-        raise OverflowError(f"decode_alloc_plan_from_reqs: at reqs[{pos}] an intermediate "
-                            "value or the token total does not fit in int64")
-    raise OverflowError(f"reqs[{pos}]: an intermediate value or the running total "
-                        "does not fit in int64")
+cdef int _overflow(Job *job, Py_ssize_t pos, int64_t c, int64_t a) except -1:
+    """Raise the twin's OverflowError for reqs[pos], worded as it words it: the
+    first value that leaves int64, recomputed with Python ints (a cold path)."""
+    cdef object p = job.p, ai = a
+    need = <object>c + job.r
+    if need > INT64_MAX:
+        raise OverflowError(f"reqs[{pos}]: committed + reserve = {need} does not fit in int64")
+    if job.kind == SPEC_V2:
+        top = -(-max(ai, need) // p) * p
+        if top > INT64_MAX:
+            raise OverflowError(f"reqs[{pos}]: ceil_align = {top} does not fit in int64")
+        total = job.tokens + top - (-(-ai // p) * p)
+        raise OverflowError(f"spec_v2_new_tokens_from_reqs = {total} does not fit in int64")
+    if job.aligned:
+        need = -(-need // p) * p
+        if need > INT64_MAX:
+            raise OverflowError(f"reqs[{pos}]: ceil_align = {need} does not fit in int64")
+    raise OverflowError(f"num_tokens = {job.tokens + max(ai, need) - ai} does not fit in int64")
 
 
 cdef int _plan_range(Job *job, int out, int64_t value) except -1:
@@ -215,18 +251,18 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
         if fast_row:
             tokens = <int64_t>kv_spec_v2_row_fast(c, a, job.r, &job.d) * job.p
         elif kv_spec_v2_row(c, a, job.p, job.r, &tokens):
-            return _overflow(job, pos)
+            return _overflow(job, pos, c, a)
         # Checked on both paths: a huge earlier row can bring the total near
         # the int64 limit, and a small row can then push it over.
         if kv_add_total(&job.tokens, tokens):
-            return _overflow(job, pos)
+            return _overflow(job, pos, c, a)
         return 0
     if fast_row:
         pages = kv_plan_row_fast(c, a, job.r, job.aligned, &job.d, &nxt_fast)
         nxt = <int64_t>nxt_fast
     else:
         if kv_plan_row(c, a, job.p, job.r, job.aligned, &nxt):
-            return _overflow(job, pos)
+            return _overflow(job, pos, c, a)
         pages = kv_ceil_div(nxt, job.p) - kv_ceil_div(a, job.p)
     if job.cur32:
         if a > INT32_MAX:
@@ -241,7 +277,7 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
     else:
         (<int64_t *>job.nxt)[job.row] = nxt
     if kv_add_total(&job.tokens, nxt - a):
-        return _overflow(job, pos)
+        return _overflow(job, pos, c, a)
     job.pages += pages  # pages <= tokens: cannot overflow
     job.row += 1
     return 0
@@ -300,10 +336,29 @@ cdef int _walk_all(Job *job, object reqs) except -1:
             _row(job, &cache, req, pos)
             pos += 1
     else:
-        for req in reqs:
+        it = iter(reqs)
+        while True:
+            try:
+                req = next(it)
+            except StopIteration:
+                break
+            except MemoryError:
+                raise
+            except Exception as exc:
+                raise reqs_read_error(exc, pos) from exc
             _row(job, &cache, req, pos)
             pos += 1
     return 0
+
+
+cdef object _item(object reqs, Py_ssize_t pos):
+    """reqs[pos] of a container that is not a list or tuple (or a list that shrank)."""
+    try:
+        return reqs[pos]
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise reqs_read_error(exc, pos) from exc
 
 
 cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) except -1:
@@ -321,7 +376,7 @@ cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) ex
             req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
             _row(job, &cache, req, pos)
         else:
-            _row(job, &cache, reqs[pos], pos)
+            _row(job, &cache, _item(reqs, pos), pos)
     return 0
 
 

@@ -21,7 +21,9 @@ from kvest._inputs import (
     as_reqs,
     req_length,
     req_length_value,
+    req_read_error,
     req_rows,
+    reqs_read_error,
     result_int64,
 )
 from kvest._names import REQ_FUNCTIONS
@@ -53,18 +55,40 @@ def _length(req: Any, pos: int, attr: str, where: str) -> int:
         value = getattr(req.kv if where == "nested" else req, attr)
     except AttributeError:
         raise AttributeError(f"reqs[{pos}] has no {path}") from None
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise req_read_error(exc, pos, path) from exc
     return req_length_value(value, pos, attr)
 
 
 def _selected(reqs: Any, rows: np.ndarray | None) -> Iterator[tuple[int, Any]]:
-    """(position, request) for every selected request, in order."""
+    """(position, request) for every selected request, in order; a container
+    that fails while read is a TypeError naming the position."""
     if rows is None:
-        yield from enumerate(reqs)
-        return
+        it = iter(reqs)
+        pos = 0
+        while True:
+            try:
+                req = next(it)
+            except StopIteration:
+                return
+            except MemoryError:
+                raise
+            except Exception as exc:
+                raise reqs_read_error(exc, pos) from exc
+            yield pos, req
+            pos += 1
     n = len(reqs)
     for i in rows.tolist():
         pos = i + n if i < 0 else i
-        yield pos, reqs[pos]
+        try:
+            req = reqs[pos]
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise reqs_read_error(exc, pos) from exc
+        yield pos, req
 
 
 def spec_v2_new_tokens_from_reqs(
