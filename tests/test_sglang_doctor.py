@@ -38,3 +38,11 @@ def test_doctor_without_sglang(capsys, monkeypatch):
     monkeypatch.setattr(upstream, "installed", lambda: None)
     assert cli_main(["sglang"]) == 2
     assert "sglang is not installed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["--batches", "-3"], ["--batches", "x"], ["--seed", "-1"]])
+def test_bad_doctor_flags_print_usage_and_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["sglang", *argv])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.startswith("usage: python -m kvest sglang")

@@ -79,7 +79,7 @@ def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: 
     return 1 if failures else 0
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
+def int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer >= minimum, or a usage error (exit status 2)."""
 
     def parse(text: str) -> int:
@@ -106,14 +106,14 @@ def parser() -> argparse.ArgumentParser:
     # listed here so that --help shows it.
     sub.add_parser("sglang", help="check kvest against the installed SGLang (the doctor; "
                                   "`python -m kvest sglang --help` for its options)")
-    top.add_argument("--requests", type=_int_at_least(1), default=1024,
+    top.add_argument("--requests", type=int_at_least(1), default=1024,
                      help="requests in the demo's decode batch (default 1024)")
-    top.add_argument("--page-size", type=_int_at_least(1), default=16,
+    top.add_argument("--page-size", type=int_at_least(1), default=16,
                      help="KV-cache page size in tokens (default 16)")
-    top.add_argument("--config", type=_int_at_least(0), nargs=3, default=(3, 2, 6),
+    top.add_argument("--config", type=int_at_least(0), nargs=3, default=(3, 2, 6),
                      metavar=("STEPS", "TOPK", "DRAFT"),
                      help="speculative config: steps, topk, draft tokens (default 3 2 6)")
-    top.add_argument("--seed", type=_int_at_least(0), default=0,
+    top.add_argument("--seed", type=int_at_least(0), default=0,
                      help="seed of the random batch (default 0)")
     bench = sub.add_parser(
         "bench", help="benchmark kvest against the alternatives",

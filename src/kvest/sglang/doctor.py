@@ -124,8 +124,13 @@ def self_test(tree: upstream.StandinTree, originals: dict[str, Any], batches: in
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvest sglang", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batches", type=int, default=2000, help="random batches (2000)")
-    parser.add_argument("--seed", type=int, default=0)
+    # Checked as the other commands' flags are: a usage message and exit 2.
+    from kvest.cli import int_at_least
+
+    parser.add_argument("--batches", type=int_at_least(1), default=2000,
+                        help="random batches (default 2000)")
+    parser.add_argument("--seed", type=int_at_least(0), default=0,
+                        help="seed of the random batches (default 0)")
     args = parser.parse_args(argv)
 
     source = upstream.installed()
