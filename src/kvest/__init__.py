@@ -5,6 +5,9 @@
 (``kvest.reference``) are served only when ``KVEST_PURE_PYTHON=1`` asks for them;
 a missing compiled module is an ``ImportError``, never a silent fallback.
 ``kvest.IMPLEMENTATION`` says which is live: ``"cython"`` or ``"python"``.
+
+The contract -- every formula, the argument and error rules, the SGLang facts --
+is ``docs/contract.md`` in the source distribution and repository.
 """
 
 from __future__ import annotations

@@ -72,6 +72,50 @@ cdef enum:
     RELEASE_GIL_ROWS = 2048
 
 
+cdef enum Loop:
+    SPEC_V2_PAGES
+    MOD_COUNT
+    EXTEND_PAGES
+
+
+cdef struct FastCall:
+    # One call of a vectorized loop (loops.h): its inputs, and the OR of every
+    # length it read, which says whether the result is exact.
+    Loop loop
+    const void *x  # committed / seq_lens
+    const void *y  # allocated / prefix_lens (unused by MOD_COUNT)
+    int width
+    int64_t n
+    kv_divisor d
+    uint64_t arg  # the reserve (SPEC_V2_PAGES) or the wanted residue (MOD_COUNT)
+    const int64_t *idx
+    int64_t m
+    uint64_t bits
+
+
+cdef inline uint64_t _loop(FastCall *f) noexcept nogil:
+    if f.loop == SPEC_V2_PAGES:
+        return kv_spec_v2_pages(f.x, f.y, f.width, f.n, &f.d, f.arg, f.idx, f.m, &f.bits)
+    if f.loop == MOD_COUNT:
+        return kv_mod_count(f.x, f.width, f.n, &f.d, f.arg, f.idx, f.m, &f.bits)
+    return kv_extend_pages(f.x, f.y, f.width, f.n, &f.d, &f.bits)
+
+
+cdef inline bint _fast(FastCall *f, int64_t p, int64_t reserve, uint64_t *result) noexcept:
+    """The fast path of every array function: the vectorized loop when p, the
+    reserve and the row count allow it, the GIL released for large batches.
+    True when *result is exact (every length read was in the fast range)."""
+    if not _fast_range(f.n, p, reserve):
+        return False
+    kv_divisor_init(&f.d, p)
+    if f.m >= RELEASE_GIL_ROWS:
+        with nogil:
+            result[0] = _loop(f)
+    else:
+        result[0] = _loop(f)
+    return f.bits < KV_FAST_LIMIT
+
+
 ctypedef fused length_t:
     int32_t
     int64_t
@@ -222,8 +266,7 @@ def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
     cdef int64_t n = _len(c), m = n, bad, total
     cdef const int64_t *idx = NULL
     cdef cnp.ndarray sel = None
-    cdef uint64_t pages, bits
-    cdef kv_divisor d
+    cdef uint64_t pages
     if _len(a) != n:
         check_same_length(c, "committed", a, "allocated")
     if _width(c) != _width(a):
@@ -235,15 +278,9 @@ def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
     cdef const void *cp = _data(c)
     cdef const void *ap = _data(a)
     cdef int w = _width(c)
-    if _fast_range(n, p, r):
-        kv_divisor_init(&d, p)
-        if m >= RELEASE_GIL_ROWS:
-            with nogil:
-                pages = kv_spec_v2_pages(cp, ap, w, n, &d, r, idx, m, &bits)
-        else:
-            pages = kv_spec_v2_pages(cp, ap, w, n, &d, r, idx, m, &bits)
-        if bits < KV_FAST_LIMIT:
-            return _times_page(pages, p, "spec_v2_new_tokens")
+    cdef FastCall f = FastCall(loop=SPEC_V2_PAGES, x=cp, y=ap, width=w, n=n, arg=r, idx=idx, m=m)
+    if _fast(&f, p, r, &pages):
+        return _times_page(pages, p, "spec_v2_new_tokens")
     first_negative(c, "committed", sel)
     first_negative(a, "allocated", sel)
     with nogil:
@@ -289,23 +326,17 @@ cdef object _mod_count(object lengths, str name, int64_t p, int64_t want, object
     cdef int64_t n = _len(c), m = n
     cdef const int64_t *idx = NULL
     cdef cnp.ndarray sel = None
-    cdef uint64_t count, bits
-    cdef kv_divisor d
+    cdef uint64_t count
     if indices is not None:
         sel = as_indices(indices, n)
         idx = <const int64_t *>_data(sel)
         m = _len(sel)
     cdef const void *cp = _data(c)
     cdef int w = _width(c)
-    if _fast_range(n, p, 0):
-        kv_divisor_init(&d, p)
-        if m >= RELEASE_GIL_ROWS:
-            with nogil:
-                count = kv_mod_count(cp, w, n, &d, <uint64_t>want, idx, m, &bits)
-        else:
-            count = kv_mod_count(cp, w, n, &d, <uint64_t>want, idx, m, &bits)
-        if bits < KV_FAST_LIMIT:
-            return count
+    cdef FastCall f = FastCall(loop=MOD_COUNT, x=cp, y=NULL, width=w, n=n, arg=<uint64_t>want,
+                               idx=idx, m=m)
+    if _fast(&f, p, 0, &count):
+        return count
     first_negative(c, name, sel)
     with nogil:
         if w == 4:
@@ -337,8 +368,7 @@ def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
     cdef bint decoding = _flag(decode, "decode")
     cdef cnp.ndarray s, pre
     cdef int64_t n, total
-    cdef uint64_t pages, bits
-    cdef kv_divisor d
+    cdef uint64_t pages
     if decoding:
         # SGLang's get_num_new_pages never reads prefix_lens when decoding:
         # neither does kvest (no coercion, no length or sign check).
@@ -355,15 +385,9 @@ def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
     cdef const void *sp = _data(s)
     cdef const void *pp = _data(pre)
     cdef int w = _width(s)
-    if _fast_range(n, p, 0):
-        kv_divisor_init(&d, p)
-        if n >= RELEASE_GIL_ROWS:
-            with nogil:
-                pages = kv_extend_pages(sp, pp, w, n, &d, &bits)
-        else:
-            pages = kv_extend_pages(sp, pp, w, n, &d, &bits)
-        if bits < KV_FAST_LIMIT:
-            return <int64_t>pages
+    cdef FastCall f = FastCall(loop=EXTEND_PAGES, x=sp, y=pp, width=w, n=n, arg=0, idx=NULL, m=n)
+    if _fast(&f, p, 0, &pages):
+        return <int64_t>pages
     first_negative(s, "seq_lens")
     first_negative(pre, "prefix_lens")
     with nogil:
