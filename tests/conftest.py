@@ -26,6 +26,16 @@ settings.register_profile(
         HealthCheck.function_scoped_fixture,
     ],
 )
+# Under valgrind everything runs ~50x slower; memcheck looks for memory errors
+# on each code path, which a few examples per test reach (the value space is
+# the "ci" profile's job, on the normal build).
+settings.register_profile(
+    "memcheck", max_examples=25, deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow, HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
