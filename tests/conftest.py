@@ -9,33 +9,20 @@ from hypothesis import HealthCheck, settings
 
 import kvest
 
+_QUIET = [
+    HealthCheck.too_slow, HealthCheck.data_too_large,
+    # cpu_variant is set once per test and never mutated by the test body.
+    HealthCheck.function_scoped_fixture,
+]
 # "ci" runs in .ci/run; "dev" (the default) is quicker for local edits.
 settings.register_profile(
-    "ci", max_examples=400, deadline=None, print_blob=True,
-    suppress_health_check=[
-        HealthCheck.too_slow, HealthCheck.data_too_large,
-        # cpu_variant is set once per test and never mutated by the test body.
-        HealthCheck.function_scoped_fixture,
-    ],
+    "ci", max_examples=400, deadline=None, print_blob=True, suppress_health_check=_QUIET
 )
-settings.register_profile(
-    "dev", max_examples=100, deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow, HealthCheck.data_too_large,
-        # cpu_variant is set once per test and never mutated by the test body.
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=_QUIET)
 # Under valgrind everything runs ~50x slower; memcheck looks for memory errors
 # on each code path, which a few examples per test reach (the value space is
 # the "ci" profile's job, on the normal build).
-settings.register_profile(
-    "memcheck", max_examples=25, deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow, HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+settings.register_profile("memcheck", max_examples=25, deadline=None, suppress_health_check=_QUIET)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
