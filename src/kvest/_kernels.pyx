@@ -79,41 +79,43 @@ cdef enum Loop:
 
 
 cdef struct FastCall:
-    # One call of a vectorized loop (loops.h): its inputs, and the OR of every
-    # length it read, which says whether the result is exact.
+    # One call of a vectorized loop (loops.h): its inputs, every member given at
+    # each call site (the divisor and the OR of the lengths read are _fast's).
     Loop loop
     const void *x  # committed / seq_lens
     const void *y  # allocated / prefix_lens (unused by MOD_COUNT)
     int width
     int64_t n
-    kv_divisor d
     uint64_t arg  # the reserve (SPEC_V2_PAGES) or the wanted residue (MOD_COUNT)
     const int64_t *idx
     int64_t m
-    uint64_t bits
 
 
-cdef inline uint64_t _loop(FastCall *f) noexcept nogil:
+cdef inline uint64_t _loop(const FastCall *f, const kv_divisor *d,
+                           uint64_t *bits) noexcept nogil:
     if f.loop == SPEC_V2_PAGES:
-        return kv_spec_v2_pages(f.x, f.y, f.width, f.n, &f.d, f.arg, f.idx, f.m, &f.bits)
+        return kv_spec_v2_pages(f.x, f.y, f.width, f.n, d, f.arg, f.idx, f.m, bits)
     if f.loop == MOD_COUNT:
-        return kv_mod_count(f.x, f.width, f.n, &f.d, f.arg, f.idx, f.m, &f.bits)
-    return kv_extend_pages(f.x, f.y, f.width, f.n, &f.d, &f.bits)
+        return kv_mod_count(f.x, f.width, f.n, d, f.arg, f.idx, f.m, bits)
+    return kv_extend_pages(f.x, f.y, f.width, f.n, d, bits)
 
 
-cdef inline bint _fast(FastCall *f, int64_t p, int64_t reserve, uint64_t *result) noexcept:
+cdef inline bint _fast(const FastCall *f, int64_t p, int64_t reserve,
+                       uint64_t *result) noexcept:
     """The fast path of every array function: the vectorized loop when p, the
     reserve and the row count allow it, the GIL released for large batches.
     True when *result is exact (every length read was in the fast range)."""
+    cdef kv_divisor d
+    cdef uint64_t bits = 0
     if not _fast_range(f.n, p, reserve):
         return False
-    kv_divisor_init(&f.d, p)
+    kv_divisor_init(&d, p)
     if f.m >= RELEASE_GIL_ROWS:
         with nogil:
-            result[0] = _loop(f)
+            result[0] = _loop(f, &d, &bits)
     else:
-        result[0] = _loop(f)
-    return f.bits < KV_FAST_LIMIT
+        result[0] = _loop(f, &d, &bits)
+    return bits < KV_FAST_LIMIT
 
 
 ctypedef fused length_t:
@@ -263,7 +265,7 @@ def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
     cdef int64_t r = _count(reserve, "reserve", 0)
     cdef cnp.ndarray c = _lengths(committed, "committed")
     cdef cnp.ndarray a = _lengths(allocated, "allocated")
-    cdef int64_t n = _len(c), m = n, bad, total
+    cdef int64_t n = _len(c), m = n, bad, total = 0
     cdef const int64_t *idx = NULL
     cdef cnp.ndarray sel = None
     cdef uint64_t pages
@@ -538,6 +540,7 @@ def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=
     cdef cnp.ndarray a = _lengths(allocated, "allocated")
     cdef int64_t n = _len(c), row = 0
     cdef int64_t sums[2]
+    sums[0] = sums[1] = 0  # read only after PLAN_OK; set so the compiler can tell
     cdef int code
     cdef cnp.ndarray cur_buf, nxt_buf
     if _len(a) != n:

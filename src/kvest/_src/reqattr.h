@@ -298,7 +298,7 @@ enum { KV_LEN_ERROR = -1, KV_LEN_MISSING = 0, KV_LEN_OK = 1, KV_LEN_VALUE = 2 };
 static inline int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
                                 kv_req_state *st, int64_t *length, PyObject **value)
 {
-    PyObject *v, *nested, *owned = NULL, **kvslot = NULL;
+    PyObject *v = NULL, *nested, *owned = NULL, **kvslot = NULL;
     kv_layout *l;
     int found = 0;
     if (at != KV_AT_NESTED) {
