@@ -19,10 +19,11 @@ settings.register_profile(
     "ci", max_examples=400, deadline=None, print_blob=True, suppress_health_check=_QUIET
 )
 settings.register_profile("dev", max_examples=100, deadline=None, suppress_health_check=_QUIET)
-# Under valgrind everything runs ~50x slower; memcheck looks for memory errors
-# on each code path, which a few examples per test reach (the value space is
-# the "ci" profile's job, on the normal build).
-settings.register_profile("memcheck", max_examples=25, deadline=None, suppress_health_check=_QUIET)
+# A few examples per test reach every code path: for runs that look for
+# something other than wrong values (memory errors under valgrind, which runs
+# everything ~50x slower; another Python version), since the value space is
+# the "ci" profile's job.
+settings.register_profile("quick", max_examples=25, deadline=None, suppress_health_check=_QUIET)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
