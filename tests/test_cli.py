@@ -97,3 +97,16 @@ def test_readme_documents_every_flag():
             for flag in action.option_strings:
                 if flag.startswith("--") and flag != "--help":
                     assert f"`{flag}" in text or f"`bench {flag}" in text, flag
+
+
+def test_reader_that_leaves_early_gets_no_traceback():
+    # `python -m kvest | head -3`: the pipe closes while the demo still prints.
+    proc = subprocess.Popen([sys.executable, "-m", "kvest", "--requests", "64"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) in (0, 1)
+    assert first.startswith(b"kvest ")
+    assert "Traceback" not in stderr, stderr
