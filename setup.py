@@ -9,9 +9,13 @@ from setuptools import Extension, setup
 
 # GCC and Clang: -O3 so the loops vectorize whatever the interpreter's own
 # CFLAGS say.  No -march: the wheel must run on any x86-64; AVX2 and AVX-512
-# variants are compiled per function (src/loops.c) and picked at run time.
-# KVEST_CFLAGS adds flags for special builds (sanitizers, see tools/).
-compile_args = [] if sys.platform == "win32" else ["-O3", "-std=c11"]
+# variants are compiled per function (src/kvest/_src/loops.c) and picked at run time.
+# -g0: no debug info in the wheel (the interpreter's CFLAGS usually carry -g,
+# which would make the two extensions six times their size); the symbol table
+# stays, so profilers and valgrind still name kvest's functions.
+# KVEST_CFLAGS adds flags for special builds (sanitizers, see tools/); they come
+# later on the command line, so a -g there wins over the -g0 here.
+compile_args = [] if sys.platform == "win32" else ["-O3", "-std=c11", "-g0"]
 compile_args += os.environ.get("KVEST_CFLAGS", "").split()
 link_args = os.environ.get("KVEST_LDFLAGS", "").split()
 

@@ -5,6 +5,7 @@ break the import, compiled modules that never load the pure twin."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import subprocess
 import sys
@@ -16,6 +17,10 @@ import kvest
 from kvest import reference
 
 STUBS = ("_kernels.pyi", "_reqs.pyi")
+# Built and installed, whichever implementation this run serves: the tests that
+# start a fresh interpreter run the compiled kernels even in the pure-Python stage.
+BUILT = all(importlib.util.find_spec(f"kvest.{name}") is not None for name in ("_kernels", "_reqs"))
+needs_built = pytest.mark.skipif(not BUILT, reason="the compiled kernels are not built here")
 
 
 def test_typed_package_files_are_installed():
@@ -37,6 +42,56 @@ def test_public_names():
     for name in reference.__all__:
         assert name in kvest.__all__
         assert callable(getattr(kvest, name))
+
+
+def test_all_is_a_literal_type_checkers_can_read():
+    """``kvest.__all__`` is written out (mypy and pyright do not run code) and
+    names exactly the functions of kvest._names plus the three other names."""
+    from kvest._names import FUNCTIONS
+
+    tree = ast.parse(resources.files("kvest").joinpath("__init__.py").read_text())
+    (assign,) = [node for node in tree.body if isinstance(node, ast.Assign)
+                 and any(getattr(t, "id", None) == "__all__" for t in node.targets)]
+    assert isinstance(assign.value, ast.List)
+    literal = [ast.literal_eval(element) for element in assign.value.elts]
+    assert literal == kvest.__all__
+    assert sorted(literal) == sorted(["IMPLEMENTATION", "AllocPlan", "show_config", *FUNCTIONS])
+    assert len(set(literal)) == len(literal)
+    for name in literal:
+        assert hasattr(kvest, name), name
+
+
+def _elf_sections(path: str) -> list[str]:
+    """The section names of an ELF file (64-bit little-endian, as built here)."""
+    import struct
+
+    with open(path, "rb") as fh:
+        data = fh.read()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, path
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    def header(i: int) -> tuple[int, int, int]:
+        name, _type, _flags, _addr, offset, size = struct.unpack_from(
+            "<IIQQQQ", data, shoff + i * shentsize)
+        return name, offset, size
+    _, str_offset, str_size = header(shstrndx)
+    names = data[str_offset:str_offset + str_size]
+    return [names[n:names.index(b"\0", n)].decode() for n, _, _ in map(header, range(shnum))]
+
+
+@needs_built
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads ELF files")
+@pytest.mark.skipif("-g" in os.environ.get("KVEST_CFLAGS", "").split(),
+                    reason="a debug build asked for with KVEST_CFLAGS")
+@pytest.mark.parametrize("module", ["_kernels", "_reqs"])
+def test_extensions_carry_no_debug_info(module):
+    """setup.py builds with -g0: no DWARF sections (they made the wheel six
+    times its size), while the symbol table that profilers read stays."""
+    spec = importlib.util.find_spec(f"kvest.{module}")
+    assert spec is not None and spec.origin is not None
+    sections = _elf_sections(spec.origin)
+    assert not [s for s in sections if s.startswith(".debug_")], sections
+    assert ".symtab" in sections or ".dynsym" in sections
 
 
 # ------------------------------------------------------- what `import kvest` does
@@ -79,7 +134,7 @@ def test_pure_python_on_serves_the_twin(value):
 
 
 @pytest.mark.parametrize("value", ["0", "false", "no", "off", "", "OFF"])
-@pytest.mark.skipif(kvest.IMPLEMENTATION != "cython", reason="needs the compiled kernels")
+@needs_built
 def test_pure_python_off_serves_the_compiled_kernels(value):
     done = _run("import kvest; print(kvest.IMPLEMENTATION)", KVEST_PURE_PYTHON=value)
     assert done.returncode == 0, done.stderr
@@ -87,7 +142,7 @@ def test_pure_python_off_serves_the_compiled_kernels(value):
     assert "Warning" not in done.stderr
 
 
-@pytest.mark.skipif(kvest.IMPLEMENTATION != "cython", reason="needs the compiled kernels")
+@needs_built
 def test_pure_python_bad_value_warns_and_keeps_the_default():
     done = _run("import kvest; print(kvest.IMPLEMENTATION)", KVEST_PURE_PYTHON="maybe")
     assert done.returncode == 0, done.stderr
@@ -95,7 +150,7 @@ def test_pure_python_bad_value_warns_and_keeps_the_default():
     assert "RuntimeWarning" in done.stderr and "KVEST_PURE_PYTHON" in done.stderr
 
 
-@pytest.mark.skipif(kvest.IMPLEMENTATION != "cython", reason="needs the compiled kernels")
+@needs_built
 @pytest.mark.parametrize("value", ["AVX2", "avx2", " Baseline "])
 def test_kvest_cpu_any_case(value):
     done = _run("import kvest._kernels as k; print(k.cpu_variant(), k.cpu_variants())",
@@ -109,7 +164,7 @@ def test_kvest_cpu_any_case(value):
         assert "RuntimeWarning" in done.stderr
 
 
-@pytest.mark.skipif(kvest.IMPLEMENTATION != "cython", reason="needs the compiled kernels")
+@needs_built
 def test_kvest_cpu_bogus_value_warns_without_failing():
     done = _run("import kvest; print(kvest.decode_new_tokens([16], 16))", KVEST_CPU="avx9000")
     assert done.returncode == 0, done.stderr
@@ -117,7 +172,7 @@ def test_kvest_cpu_bogus_value_warns_without_failing():
     assert "RuntimeWarning" in done.stderr and "KVEST_CPU" in done.stderr
 
 
-@pytest.mark.skipif(kvest.IMPLEMENTATION != "cython", reason="needs the compiled kernels")
+@needs_built
 def test_compiled_modules_import_nothing_from_the_reference():
     """The twin is an independent implementation: the compiled kernels never
     load it, not on import and not on any call, error paths included."""

@@ -1,64 +1,61 @@
 #!/usr/bin/env bash
-# make_sglang_env.sh VERSION DEST [REQUIREMENTS_FILE]
+# make_sglang_env.sh [--scheduler] VERSION DEST [REQUIREMENTS_FILE]
 #
 # Build a fresh Python 3.11 virtual environment at DEST in which sglang VERSION's
 # real scheduler module (sglang.srt.managers.schedule_batch) imports on a CPU-only
-# machine, following shared/sglang-cpu/README.md:
-#   1. pip install torch==2.13.0              (the CPU build on this machine's disk;
-#                                              never plain `torch`: a multi-GB CUDA build)
-#   2. pip install --no-deps -r requirements-VERSION.txt
-#   3. a stand-in `torchvision` (torchvision_standin.py, beside this script) copied into
+# machine, following tools/sglang_cpu/README.md (everything it needs is in that
+# folder: nothing outside the repository is read):
+#   1. pip install torch==2.13.0              (a CPU build, checked: never plain
+#                                              `torch`, which may be a multi-GB CUDA build)
+#   2. pip install --no-deps -r tools/sglang_cpu/requirements-VERSION.txt
+#      (with --scheduler, also requirements-VERSION-scheduler.txt);
+#   3. the stand-in `torchvision` (tools/sglang_cpu/torchvision_standin.py) copied into
 #      site-packages and activated by a .pth file, so every interpreter of the venv
 #      (including processes SGLang spawns) gets it before anything imports torchvision;
 #   4. a smoke test: import schedule_batch, print the time it took.
 #
 # Environment / arguments:
-#   REQUIREMENTS_FILE (3rd arg) or SGLANG_CPU_REQS   exact requirements file to use
-#   SGLANG_CPU_DIR      folder holding requirements-VERSION.txt; default: the first of
-#                       $SCRIPT_DIR/../shared/sglang-cpu, $SCRIPT_DIR/../../shared/sglang-cpu,
-#                       /work/shared/sglang-cpu that exists
+#   REQUIREMENTS_FILE (3rd arg) or SGLANG_CPU_REQS   another requirements file to use
 #   PYTHON              interpreter to build the venv from; default: `python3.11`, else
-#                       pyenv's 3.11.7
+#                       pyenv's 3.11.x
 #   TORCH_SPEC          default torch==2.13.0
 #   FORCE=1             replace DEST if it exists (otherwise refuse)
 #   ALLOW_NON_CPU_TORCH=1  skip the check that pip would pick a +cpu torch wheel
 #   SKIP_SMOKE=1        skip the final import test
 set -euo pipefail
 
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 log() { printf '[make_sglang_env %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 [[ ${1:-} == -h || ${1:-} == --help ]] && usage 0
+SCHEDULER=0
+if [[ ${1:-} == --scheduler ]]; then SCHEDULER=1; shift; fi
 [[ $# -ge 2 && $# -le 3 ]] || usage 2
 VERSION=$1
 DEST=$2
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-STANDIN_SRC="$SCRIPT_DIR/torchvision_standin.py"
+RECIPE_DIR="$SCRIPT_DIR/sglang_cpu"
+STANDIN_SRC="$RECIPE_DIR/torchvision_standin.py"
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
-[[ -f $STANDIN_SRC ]] || die "missing $STANDIN_SRC (keep it beside this script)"
+[[ -f $STANDIN_SRC ]] || die "missing $STANDIN_SRC"
 
-# --- requirements file ---------------------------------------------------------------
-REQS=${3:-${SGLANG_CPU_REQS:-}}
-if [[ -z $REQS ]]; then
-    if [[ -n ${SGLANG_CPU_DIR:-} ]]; then
-        candidates=("$SGLANG_CPU_DIR")
-    else
-        candidates=("$SCRIPT_DIR/../shared/sglang-cpu" "$SCRIPT_DIR/../../shared/sglang-cpu" /work/shared/sglang-cpu)
-    fi
-    for d in "${candidates[@]}"; do
-        if [[ -f $d/requirements-$VERSION.txt ]]; then REQS=$d/requirements-$VERSION.txt; break; fi
-    done
-    [[ -n $REQS ]] || die "no requirements-$VERSION.txt in: ${candidates[*]} (set SGLANG_CPU_DIR or SGLANG_CPU_REQS)"
-fi
-[[ -f $REQS ]] || die "requirements file not found: $REQS"
+# --- requirements files (the repository's own pins) -------------------------------------
+REQS=${3:-${SGLANG_CPU_REQS:-$RECIPE_DIR/requirements-$VERSION.txt}}
+[[ -f $REQS ]] || die "no requirements file $REQS (pinned releases: $(cd "$RECIPE_DIR" \
+    && ls requirements-*.txt | grep -v scheduler | sed 's/requirements-//; s/.txt//' | tr '\n' ' '))"
 REQS=$(cd "$(dirname "$REQS")" && pwd)/$(basename "$REQS")
 grep -qiE "^sglang==$VERSION\s*$" "$REQS" || die "$REQS does not pin sglang==$VERSION"
+SCHED_REQS=
+if [[ $SCHEDULER == 1 ]]; then
+    SCHED_REQS="$RECIPE_DIR/requirements-$VERSION-scheduler.txt"
+    [[ -f $SCHED_REQS ]] || die "--scheduler: no $SCHED_REQS"
+fi
 
 # --- interpreter -----------------------------------------------------------------------
 pick_python() {
     local c
-    for c in "${PYTHON:-}" python3.11 "${PYENV_ROOT:-$HOME/.pyenv}/versions/3.11.7/bin/python3.11"; do
+    for c in "${PYTHON:-}" python3.11 "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.11.*/bin/python3.11; do
         [[ -n $c ]] || continue
         if "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' >/dev/null 2>&1; then
             # resolve pyenv shims to the real interpreter so the venv does not depend on them
@@ -100,6 +97,10 @@ pip_ install "$TORCH_SPEC"
 # --- 2. sglang and the packages its scheduler path imports -------------------------------
 log "2/4 pip install --no-deps -r $REQS"
 pip_ install --no-deps -r "$REQS"
+if [[ -n $SCHED_REQS ]]; then
+    log "2/4 pip install --no-deps -r $SCHED_REQS"
+    pip_ install --no-deps -r "$SCHED_REQS"
+fi
 
 # --- 3. the torchvision stand-in, active in every interpreter of this venv ---------------
 SITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

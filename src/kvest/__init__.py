@@ -12,16 +12,55 @@ is ``docs/contract.md`` in the source distribution and repository.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvest._env import flag
-from kvest._names import FUNCTIONS
 from kvest._types import AllocPlan
 
 __version__ = "0.1.0"
 
-__all__ = ["IMPLEMENTATION", "AllocPlan", "show_config", *FUNCTIONS]
+# Written out, not computed: type checkers read __all__ without running the
+# module.  kvest._names.FUNCTIONS is the same list (tests/test_packaging.py
+# checks that the two agree).
+__all__ = [  # noqa: RUF022 -- grouped as the docs present them
+    "IMPLEMENTATION",
+    "AllocPlan",
+    "show_config",
+    # array estimators (kvest._kernels)
+    "alloc_len_per_decode",
+    "alloc_reserve_per_decode",
+    "decode_alloc_plan",
+    "decode_new_tokens",
+    "num_new_pages",
+    "spec_v1_new_tokens",
+    "spec_v2_new_tokens",
+    # request-object estimators (kvest._reqs)
+    "beam_member_rows_from_reqs",
+    "decode_alloc_plan_from_reqs",
+    "decode_new_tokens_from_reqs",
+    "spec_v2_new_tokens_from_reqs",
+]
 
 IMPLEMENTATION: str
-if flag("KVEST_PURE_PYTHON"):
+if TYPE_CHECKING:
+    # What a type checker sees: the stubs of the compiled modules, name by name
+    # (the run-time star import below serves the same names from either twin).
+    from kvest._kernels import (
+        alloc_len_per_decode,
+        alloc_reserve_per_decode,
+        decode_alloc_plan,
+        decode_new_tokens,
+        num_new_pages,
+        spec_v1_new_tokens,
+        spec_v2_new_tokens,
+    )
+    from kvest._reqs import (
+        beam_member_rows_from_reqs,
+        decode_alloc_plan_from_reqs,
+        decode_new_tokens_from_reqs,
+        spec_v2_new_tokens_from_reqs,
+    )
+elif flag("KVEST_PURE_PYTHON"):
     from kvest.reference import *  # noqa: F403
 
     IMPLEMENTATION = "python"
