@@ -8,7 +8,7 @@ import kvest
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from kvest._bench import machine
+    from kvest._bench.timing import machine
 
     return [f"kvest benchmarks on {machine()}"]
 

@@ -5,7 +5,7 @@ per-request Python loop over request objects (the baseline SGLang runs), the
 NumPy one-liner, kvest's array kernel, kvest's object kernel, the floor
 (``np.add.reduce`` over the inputs: reading the data once) and Numba when it is
 installed.  pytest-benchmark prints each group with every column's ratio to its
-fastest member.  The implementations live in ``kvest._bench``, shared with
+fastest member.  The implementations live in ``kvest._bench.arrays``, shared with
 ``python -m kvest bench``.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvest._bench import (
+from kvest._bench.arrays import (
     FUNCTIONS,
     IMPLEMENTATIONS,
     PAGE_SIZES,

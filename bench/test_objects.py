@@ -1,7 +1,7 @@
 """The object kernels on stand-ins shaped like each SGLang release's requests.
 
 A group is one release shape, function and batch size; its members are the
-release's own per-request loop (written in ``kvest._bench``), kvest's object
+release's own per-request loop (written in ``kvest._bench.objects``), kvest's object
 kernel searching the layout (``layout=None``) and told it (``layout=`` the
 release's), all from the registry that ``python -m kvest bench`` uses.
 """
@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-from kvest._bench import OBJECT_FUNCTIONS, OBJECT_SIZES, SHAPES, _plain, object_calls
+from kvest._bench.objects import FUNCTIONS, SHAPES, SIZES, object_calls, plain
 
 
 @pytest.mark.parametrize("impl", ["loop", "kvest", "kvest layout="])
-@pytest.mark.parametrize("n", OBJECT_SIZES)
-@pytest.mark.parametrize("fn", OBJECT_FUNCTIONS)
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("fn", FUNCTIONS)
 @pytest.mark.parametrize("shape", SHAPES, ids=[s.label for s in SHAPES])
 def test_objects(benchmark, shape, fn, n, impl):
     calls = object_calls(shape, fn, n)
     benchmark.group = f"objects {shape.label} {fn} n={n:>5}"
     benchmark.extra_info.update(shape=shape.label, fn=fn, n=n, impl=impl)
     result = benchmark(calls[impl])
-    assert _plain(result) == _plain(calls["loop"]())
+    assert plain(result) == plain(calls["loop"]())

@@ -58,12 +58,49 @@ def test_bad_flag_from_the_shell_prints_usage_not_a_traceback():
 ])
 def test_bench_flags(argv, expected, monkeypatch):
     """`--plot` alone writes bench.png; each flag reaches the benchmark."""
-    from kvest import _bench
+    from kvest._bench import run
 
     seen = {}
-    monkeypatch.setattr(_bench, "run", lambda **kwargs: seen.update(kwargs) or 0)
+    monkeypatch.setattr(run, "run", lambda **kwargs: seen.update(kwargs) or 0)
     assert cli.main(argv) == 0
     assert seen == {"sglang_only": False, **expected}
+
+
+@pytest.mark.parametrize("argv", [["bench", "--plot"], ["bench", "--quick", "--plot", "x.png"]])
+def test_plot_without_matplotlib_stops_before_the_run(argv, monkeypatch, capsys):
+    """Not minutes of benchmark and then a traceback: exit 2 at once, with the hint."""
+    import importlib.util
+
+    from kvest._bench import run
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None
+                        if name == "matplotlib" else real_find_spec(name, *a))
+    ran = []
+    monkeypatch.setattr(run, "run", lambda **kwargs: ran.append(kwargs) or 0)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2
+    assert ran == []
+    err = capsys.readouterr().err
+    assert "needs matplotlib" in err and "pip install" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"]])
+def test_help_is_plain_text_for_a_user(argv, capsys):
+    """No reStructuredText markup, no private module, and --quick's text as it runs."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    assert "``" not in text and ":func:" not in text and ":mod:" not in text
+    assert "kvest._" not in text
+    if "bench" in argv:
+        from kvest._bench import arrays
+
+        assert "spec_v2 only" in text and arrays.QUICK_PAGE_SIZES == [16, 100]
+        assert "page sizes 16 and 100" in " ".join(text.split())
 
 
 def test_demo_runs_and_agrees(capsys):

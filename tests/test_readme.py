@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvest._bench import make_batch
+from kvest._bench.arrays import make_batch
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

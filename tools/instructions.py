@@ -53,12 +53,12 @@ for _ in range({calls}):
 
 OBJECT_ROWS = 4096
 OBJECT_CASES = [(fn, shape, layout) for fn in ("spec_v2", "decode")
-                for shape, layout in (("Req0511", "flat"), ("Req0523", "nested"),
-                                      ("Req0523", None))]
+                for shape, layout in (("FlatReq", "flat"), ("NestedReq", "nested"),
+                                      ("NestedReq", None))]
 
 OBJECT_PROGRAM = """
 import kvest
-from kvest._bench import {shape} as Req
+from kvest._bench.requests import {shape} as Req
 reqs = [Req(c, c + 7) for c in range(1000, 1000 + {rows})]
 for _ in range({calls}):
     kvest.{fn}_new_tokens_from_reqs(reqs, 16, *{extra}, layout={layout!r})

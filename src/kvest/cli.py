@@ -1,11 +1,9 @@
-"""``python -m kvest``: the estimators on a realistic decode batch, kernel beside reference.
-
-``python -m kvest bench`` runs the benchmark comparison (see ``kvest._bench``).
-"""
+"""``python -m kvest``: the demo, ``bench`` and the ``sglang`` doctor."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from collections.abc import Callable
@@ -15,7 +13,8 @@ import numpy as np
 
 import kvest
 from kvest import reference
-from kvest._bench import _fmt_time
+from kvest._args import int_at_least
+from kvest._bench.tables import fmt_time
 
 
 def _best_of(fn: Callable[[], Any], repeat: int) -> tuple[Any, float]:
@@ -73,26 +72,10 @@ def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: 
             agree = fast == slow
         failures += not agree
         print(f"{label:26} {fast:>12} {slow:>12}  {'yes' if agree else 'NO':>5} "
-              f"{_fmt_time(t_fast):>10} {_fmt_time(t_slow):>10}")
+              f"{fmt_time(t_fast):>10} {fmt_time(t_slow):>10}")
     print("\ntimes: fastest of 50 (kvest) and 3 (reference) calls on this machine; "
           "`python -m kvest bench` compares properly.")
     return 1 if failures else 0
-
-
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= minimum, or a usage error (exit status 2)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    parse.__name__ = f"integer >= {minimum}"
-    return parse
 
 
 DEFAULT_PLOT = "bench.png"
@@ -100,7 +83,13 @@ DEFAULT_PLOT = "bench.png"
 
 def parser() -> argparse.ArgumentParser:
     """The command line: the demo's flags, and the ``bench`` subcommand's."""
-    top = argparse.ArgumentParser(prog="python -m kvest", description=__doc__)
+    top = argparse.ArgumentParser(
+        prog="python -m kvest",
+        description="Run kvest's estimators on a random decode batch, each beside its "
+                    "pure-Python twin: the answers must agree, and the times show what "
+                    "the compiled kernels save. Subcommands: bench (the benchmark) and "
+                    "sglang (check kvest against the installed SGLang).",
+        epilog="Documentation: README.md and docs/ in the source distribution.")
     sub = top.add_subparsers(dest="command")
     # Parsed by kvest.sglang.doctor itself (main() hands it the rest of argv):
     # listed here so that --help shows it.
@@ -117,11 +106,15 @@ def parser() -> argparse.ArgumentParser:
                      help="seed of the random batch (default 0)")
     bench = sub.add_parser(
         "bench", help="benchmark kvest against the alternatives",
-        description="Time kvest beside a per-request Python loop, NumPy, the reference "
-                    "and a memory-bandwidth floor; print the table and the targets.")
+        description="Time kvest beside a per-request Python loop, NumPy, Numba (when "
+                    "installed) and the cost of reading the inputs once; on request objects "
+                    "shaped like each SGLang release's; and, where SGLang's scheduler "
+                    "imports, against SGLang's own code. Prints the tables and whether "
+                    "each target is met.")
     bench.add_argument("--quick", action="store_true",
-                       help="a short run (a few seconds): spec_v2 only, fewer sizes and "
-                            "samples")
+                       help="a shorter run, seconds rather than minutes: spec_v2 only "
+                            "on arrays, page sizes 16 and 100, fewer batch sizes and "
+                            "samples in every section")
     bench.add_argument("--plot", metavar="FILE.png", nargs="?", const=DEFAULT_PLOT,
                        help="also draw time per request (needs matplotlib); FILE.png "
                             f"defaults to {DEFAULT_PLOT}")
@@ -140,9 +133,14 @@ def main(argv: list[str] | None = None) -> int:
         from kvest.sglang.doctor import main as sglang_doctor
 
         return sglang_doctor(argv[1:])
-    args = parser().parse_args(argv)
+    top = parser()
+    args = top.parse_args(argv)
     if args.command == "bench":
-        from kvest._bench import run
+        if args.plot and importlib.util.find_spec("matplotlib") is None:
+            # Before the run, not after it: a benchmark takes minutes.
+            top.error("bench --plot needs matplotlib: pip install matplotlib "
+                      '(or pip install "kvest[plot]")')
+        from kvest._bench.run import run
 
         return run(quick=args.quick, plot_path=args.plot, markdown=args.markdown,
                    sglang_only=args.sglang)

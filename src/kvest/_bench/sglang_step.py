@@ -2,7 +2,8 @@
 
 Runs where SGLang's scheduler modules import (a 0.5.19+ release: lengths under
 ``req.kv``, the config published through ``sglang.srt.runtime_context``); see
-the README's benchmark section for the recipe on a CPU-only machine.  Upstream's
+``tools/sglang_cpu/README.md`` in the repository for the recipe on a CPU-only
+machine.  Upstream's
 side is upstream's own code, called as the scheduler calls it: the real
 ``ScheduleBatch`` methods on real ``Req`` objects, the real
 ``page_aligned_decode_alloc_lens`` followed by the two
@@ -39,6 +40,9 @@ from typing import Any
 import numpy as np
 
 import kvest
+from kvest._bench.tables import fmt_time, render
+from kvest._bench.targets import Verdict
+from kvest._bench.timing import measure
 
 SIZES = [1, 16, 64, 256, 1024, 4096]
 QUICK_SIZES = [1, 256, 1024, 4096]
@@ -49,7 +53,7 @@ RETRACTIONS = 8
 HOT_SPOTS = ["estimate spec", "estimate no-spec", "estimate spec, selected",
              "alloc lens + 2 int32 tensors", "get_num_new_pages extend",
              "get_num_new_pages decode", "step", f"retract k={RETRACTIONS}"]
-# The target, per hot spot, of issue 11 (kvest at least this many times faster).
+# The target per hot spot: kvest at least this many times faster than upstream.
 TARGETS = {"estimate spec": 8.0, "estimate spec, selected": 6.0, "estimate no-spec": 1.5,
            "alloc lens + 2 int32 tensors": 10.0, "get_num_new_pages extend": 5.0,
            "get_num_new_pages decode": 5.0, "step": 8.0}
@@ -163,10 +167,11 @@ def _retract(estimate: Callable[..., int], batch: Any, n: int) -> int:
     return total
 
 
-def _same(a: Any, b: Any) -> bool:
+def same(a: Any, b: Any) -> bool:
+    """Whether upstream's answer and kvest's are the same (tensors, arrays, tuples)."""
     torch = upstream().torch
     if isinstance(a, tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return bool(torch.equal(torch.as_tensor(a), torch.as_tensor(b)))
     if isinstance(a, (list, np.ndarray)) or isinstance(b, (list, np.ndarray)):
@@ -236,8 +241,6 @@ class StepRow:
 def run_section(sizes: list[int], samples: int, target: float,
                 progress: Callable[[str], None] | None = None) -> list[StepRow]:
     """Every hot spot at every size, upstream and kvest interleaved; answers checked first."""
-    from kvest._bench import measure
-
     up = upstream()
     rows = []
     override = up.get_context().override_server_args(page_size=PAGE_SIZE, **SPEC)
@@ -246,7 +249,7 @@ def run_section(sizes: list[int], samples: int, target: float,
         for n in sizes:
             for name, (up_call, kv_call) in cases(n).items():
                 want, got = up_call(), kv_call()
-                if not _same(want, got):
+                if not same(want, got):
                     raise AssertionError(f"{name} at n={n}: upstream {want!r}, kvest {got!r}")
                 t = measure({"upstream": up_call, "kvest": kv_call}, samples, target)
                 rows.append(StepRow(name, n, t["upstream"], t["kvest"]))
@@ -258,8 +261,7 @@ def run_section(sizes: list[int], samples: int, target: float,
 
 
 def table(rows: list[StepRow], markdown: bool = False) -> str:
-    from kvest._bench import _fmt_time
-
+    """Hot spots down, sizes across: ``upstream → kvest (speedup)`` in each cell."""
     sizes = sorted({r.n for r in rows})
     head = ["hot spot", *(f"n={n:,}" for n in sizes)]
     body = []
@@ -268,20 +270,13 @@ def table(rows: list[StepRow], markdown: bool = False) -> str:
         for n in sizes:
             r = next((r for r in rows if r.hot_spot == name and r.n == n), None)
             cells.append("–" if r is None else
-                         f"{_fmt_time(r.upstream)} → {_fmt_time(r.kvest)} ({r.speedup:.1f}×)")
+                         f"{fmt_time(r.upstream)} → {fmt_time(r.kvest)} ({r.speedup:.1f}×)")
         body.append(cells)
-    if markdown:
-        return "\n".join(["| " + " | ".join(head) + " |",
-                          "| --- |" + " ---: |" * len(sizes)]
-                         + ["| " + " | ".join(c) + " |" for c in body])
-    widths = [max(len(h), *(len(c[i]) for c in body)) for i, h in enumerate(head)]
-    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
-                     for cells in [head, *body])
+    return render(head, body, markdown)
 
 
 def headline(rows: list[StepRow], n: int = 1024) -> str | None:
-
+    """The one sentence a reader should remember: the whole step at batch ``n``."""
     r = next((r for r in rows if r.hot_spot == "step" and r.n == n), None)
     if r is None:
         return None
@@ -289,9 +284,9 @@ def headline(rows: list[StepRow], n: int = 1024) -> str | None:
             f"{r.kvest * 1e6:,.0f} µs ({r.speedup:.1f}× less time)")
 
 
-def targets(rows: list[StepRow]) -> list[tuple[str, str, bool]]:
-    """(target, measured, met) for issue 11's targets at n = 256, 1,024 and 4,096."""
-    out = []
+def targets(rows: list[StepRow]) -> list[Verdict]:
+    """(target, measured, met) for each hot spot's target at n = 256, 1,024 and 4,096."""
+    out: list[Verdict] = []
     for name, want in TARGETS.items():
         sizes = [1024] if name == "step" else [256, 1024, 4096]
         picked = [r for r in rows if r.hot_spot == name and r.n in sizes]
@@ -301,38 +296,3 @@ def targets(rows: list[StepRow]) -> list[tuple[str, str, bool]]:
         where = ", ".join(f"{r.speedup:.1f}× at {r.n:,}" for r in picked)
         out.append((f"{name}: ≥ {want:g}×", where, worst >= want))
     return out
-
-
-def plot(rows: list[StepRow], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from kvest._bench import machine
-
-    names = [h for h in HOT_SPOTS if any(r.hot_spot == h for r in rows)]
-    cols = 4
-    nrows = -(-len(names) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.4 * nrows), squeeze=False)
-    for k, name in enumerate(names):
-        ax = axes[k // cols][k % cols]
-        sel = sorted((r for r in rows if r.hot_spot == name), key=lambda r: r.n)
-        xs = [r.n for r in sel]
-        ax.plot(xs, [r.upstream * 1e6 for r in sel], "o-", label=f"sglang {upstream().version}")
-        ax.plot(xs, [r.kvest * 1e6 for r in sel], "D-", label="kvest")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_title(name, fontsize=9)
-        ax.grid(True, which="major", alpha=0.3)
-        ax.set_xlabel("requests in the batch")
-        ax.set_ylabel("µs per call (median)")
-    for k in range(len(names), nrows * cols):
-        axes[k // cols][k % cols].axis("off")
-    # One legend below the panels, where it can cover no point.
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
-    fig.suptitle(f"decode-step bookkeeping, real sglang {upstream().version} vs kvest; "
-                 f"{machine()}", fontsize=8)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=110)

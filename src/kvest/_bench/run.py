@@ -1,0 +1,89 @@
+"""``python -m kvest bench``: run the sections, print the tables and verdicts,
+write the Markdown and the figures asked for."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+
+from kvest._bench import arrays, objects, sglang_step
+from kvest._bench.targets import verdicts
+from kvest._bench.timing import machine
+
+# (samples per cell, seconds per sample) for a full and a --quick run
+FULL, QUICK = (9, 0.01), (5, 0.002)
+
+
+def _suffixed(path: str, suffix: str) -> str:
+    stem, dot, ext = path.rpartition(".")
+    return f"{stem}{suffix}.{ext}" if dot else path + suffix
+
+
+def run(quick: bool = False, plot_path: str | None = None, markdown: str | None = None,
+        sglang_only: bool = False) -> int:
+    """Arrays, request objects, and real SGLang where it imports; 0 when done."""
+    samples, target = QUICK if quick else FULL
+    say = functools.partial(print, file=sys.stderr, flush=True)
+    say(f"kvest bench{' --quick' if quick else ''}: {machine()}")
+    start = time.perf_counter()
+    rows = [] if sglang_only else arrays.run_matrix(
+        arrays.QUICK_SIZES if quick else arrays.SIZES,
+        arrays.QUICK_PAGE_SIZES if quick else arrays.PAGE_SIZES,
+        arrays.FUNCTIONS[:1] if quick else arrays.FUNCTIONS, samples, target, progress=say)
+    object_rows = [] if sglang_only else objects.run_objects(
+        objects.QUICK_SIZES if quick else objects.SIZES, samples, target, progress=say)
+    why_not = sglang_step.available()
+    steps = [] if why_not else sglang_step.run_section(
+        sglang_step.QUICK_SIZES if quick else sglang_step.SIZES, samples, target, progress=say)
+    elapsed = time.perf_counter() - start
+    print(f"\nmedian time per call, {samples} samples each, implementations interleaved; "
+          f"{elapsed:.0f} s\n")
+    parts: list[tuple[str, str]] = []  # (title, Markdown) for --markdown
+    if rows:
+        judged = arrays.targets(rows)
+        print(arrays.table(rows), verdicts(judged, False), sep="\n\n", end="\n\n")
+        parts += [("", arrays.table(rows, markdown=True)),
+                  ("Targets:", verdicts(judged, True))]
+    if object_rows:
+        title = (f"Request objects (page size {objects.PAGE_SIZE}, R = {arrays.RESERVE}), "
+                 "on stand-ins shaped like each release's own:")
+        judged = objects.targets(object_rows)
+        print(title, objects.table(object_rows), "", verdicts(judged, False),
+              sep="\n", end="\n\n")
+        parts += [(title, objects.table(object_rows, markdown=True)),
+                  ("Targets on the release-shaped stand-ins (kvest with the release's layout "
+                   "against the release's loop):", verdicts(judged, True))]
+    if steps:
+        version = sglang_step.upstream().version
+        title = (f"One decode step's bookkeeping in real sglang {version} (real `Req` and "
+                 f"`ScheduleBatch`, page size {sglang_step.PAGE_SIZE}, EAGLE (3, 1, 4)): "
+                 "upstream → kvest (speedup):")
+        head = sglang_step.headline(steps) or ""
+        judged = sglang_step.targets(steps)
+        print(title, sglang_step.table(steps), "", head, "", verdicts(judged, False), sep="\n")
+        parts += [(title, sglang_step.table(steps, markdown=True)),
+                  ("", f"**Headline: {head}.**"),
+                  ("Targets on real requests:", verdicts(judged, True))]
+    else:
+        print(f"sglang section skipped: {why_not}")
+    if plot_path:
+        from kvest._bench import plots
+
+        if rows:
+            plots.plot_arrays(rows, plot_path)
+            print(f"\nplot written to {plot_path}")
+        if steps:
+            step_path = _suffixed(plot_path, "-sglang")
+            plots.plot_sglang(steps, step_path, sglang_step.upstream().version)
+            print(f"plot written to {step_path}")
+    if markdown:
+        cmd = "python -m kvest bench" + (" --quick" if quick else "") + (
+            " --sglang" if sglang_only else "")
+        sections = "\n\n".join(f"{title}\n\n{text}" if title else text for title, text in parts)
+        with open(markdown, "w", encoding="utf-8") as fh:
+            fh.write(f"Measured with `{cmd}` on {machine()}; median time per call, "
+                     f"{samples} samples per cell, implementations interleaved.\n\n"
+                     f"{sections}\n")
+        print(f"markdown written to {markdown}")
+    return 0
