@@ -1,30 +1,99 @@
-"""The README's Python examples run as written (the SGLang patch one needs sglang)."""
+"""The README as a user reads it: the API tour runs and prints what it shows,
+the headline table is the recorded run's, and nothing points outside the
+repository."""
 
 from __future__ import annotations
 
+import doctest
+import importlib.util
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from kvest._bench.arrays import make_batch
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+needs_readme = pytest.mark.skipif(not README.is_file(), reason="README.md is not beside the tests")
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+
+def _text() -> str:
+    return README.read_text(encoding="utf-8")
 
 
-def test_readme_examples_run():
-    if not README.is_file():
-        pytest.skip("README.md is not beside the tests")
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+@needs_readme
+def test_api_tour_prints_what_it_shows():
+    """Every ```pycon block, in order in one namespace, outputs compared (doctest)."""
+    blocks = re.findall(r"```pycon\n(.*?)```", _text(), re.S)
     assert len(blocks) >= 3
+    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     namespace: dict = {}
-    ran = 0
-    for block in blocks:
-        if "kvest.sglang.patch()" in block:
-            continue  # patches sglang's own class: covered by tests/test_sglang.py
-        if "batch.reqs" in block:
-            # The drop-in snippet reads a scheduler's batch: give it one.
-            namespace.update(batch=make_batch(8, 16), page_size=16, reserve=128)
+    examples = 0
+    for number, block in enumerate(blocks):
+        test = parser.get_doctest(block, namespace, f"README pycon block {number}", str(README), 0)
+        examples += len(test.examples)
+        runner.run(test, clear_globs=False)
+        namespace = test.globs  # DocTest copies its globals: carry them to the next block
+    assert runner.failures == 0, f"{runner.failures} README example(s) print something else"
+    assert examples >= 25
+    # The difference the tour explains: the plan's token count against the estimate.
+    plan = namespace["plan"]
+    assert plan.num_tokens == 664 and plan.num_pages * 16 == 656
+
+
+@needs_readme
+def test_python_blocks_run():
+    """Any ```python block (a snippet without outputs) runs as written."""
+    namespace: dict = {"np": np}
+    for block in re.findall(r"```python\n(.*?)```", _text(), re.S):
         exec(compile(block, str(README), "exec"), namespace)
-        ran += 1
-    assert ran >= 3
+
+
+@needs_readme
+def test_headline_table_is_the_recorded_runs():
+    """The README's short table is cut, by the generator, from docs/benchmarks.md."""
+    spec = importlib.util.spec_from_file_location("update_readme",
+                                                  ROOT / "tools" / "update_readme.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    results = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    sglang = gen._between(gen._between(results, gen.START, gen.END)[1],
+                          gen.SGLANG_START, gen.SGLANG_END)[1]
+    readme = _text()
+    table = gen._between(readme, gen.TABLE_START, gen.TABLE_END)[1].strip()
+    assert table == gen.headline_table(sglang)
+    assert len(table.splitlines()) == 2 + len(gen.HEADLINE_ROWS)
+    sentence = gen._between(readme, gen.HEADLINE_START, gen.HEADLINE_END)[1]
+    assert sentence == gen.headline_sentence(sglang)
+
+
+@needs_readme
+def test_readme_is_for_users():
+    """Short (the full tables are in docs/benchmarks.md), the two commands as
+    CI runs them, the SGLang adoption section marked, nothing outside the repo."""
+    text = _text()
+    assert len(text.encode()) < 20_000
+    tables = sum(len(line) + 1 for line in text.splitlines() if line.startswith("|"))
+    assert tables < 0.25 * len(text)
+    assert "pip install . && python -m kvest" in text
+    assert 'pip install ".[test]" && pytest' in text
+    assert text.count("<!-- sglang-adoption:start -->") == 1
+    assert text.count("<!-- sglang-adoption:end -->") == 1
+    for path in re.findall(r"\]\(([^)#]+)\)", text):
+        assert not path.startswith(("/", "..")) and "://" not in path, path
+        assert (ROOT / path).exists(), path
+
+
+def test_no_path_outside_the_repository():
+    """No file CI, the docs or the tools read names a folder beside the repository
+    or a path of one machine."""
+    if not (ROOT / ".ci" / "run").is_file():
+        pytest.skip("not a checkout")
+    files = [ROOT / ".ci" / "run", README, *(ROOT / "docs").glob("*.md"),
+             *(ROOT / "tools").rglob("*.sh"), *(ROOT / "tools").rglob("*.py"),
+             *(ROOT / "tools").rglob("*.md")]
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        for bad in ("../shared", "shared/sglang-cpu", "/work/", "/root/", "/home/"):
+            assert bad not in text, f"{path.relative_to(ROOT)} names {bad}"

@@ -47,8 +47,10 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_arrays(rows: list[Row], path: str) -> None:
-    """ns per request against batch size: one panel per function and drawn page size."""
+def plot_arrays(rows: list[Row], path: str, where: str | None = None) -> None:
+    """ns per request against batch size: one panel per function and drawn page size.
+
+    ``where`` names the machine in the title (default: this one)."""
     from kvest._bench.arrays import COLUMNS
 
     plt = _pyplot()
@@ -77,14 +79,18 @@ def plot_arrays(rows: list[Row], path: str) -> None:
     # One legend below the panels, where it can cover no point.
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
-    fig.suptitle(machine(), fontsize=8)
+    fig.suptitle(where or machine(), fontsize=8)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_sglang(rows: list[StepRow], path: str, version: str) -> None:
-    """µs per call against batch size, one panel per hot spot, kvest's speedups marked."""
+def plot_sglang(rows: list[StepRow], path: str, version: str, where: str | None = None,
+                speedups: dict[tuple[str, int], float] | None = None) -> None:
+    """µs per call against batch size, one panel per hot spot, kvest's speedups marked.
+
+    ``speedups`` (hot spot, n) -> speedup replaces the ratio of the times: a
+    redrawn figure marks the ratios its recorded table printed."""
     from kvest._bench.sglang_step import HOT_SPOTS
 
     plt = _pyplot()
@@ -101,11 +107,12 @@ def plot_sglang(rows: list[StepRow], path: str, version: str) -> None:
         ax.plot(xs, [r.kvest * 1e6 for r in sel], label="kvest", **style("kvest"))
         for r in sel:
             # The speedup under kvest's point: the figure's point, readable without the table.
-            ax.annotate(f"{r.speedup:.1f}×", (r.n, r.kvest * 1e6), textcoords="offset points",
+            speedup = (speedups or {}).get((r.hot_spot, r.n), r.speedup)
+            ax.annotate(f"{speedup:.1f}×", (r.n, r.kvest * 1e6), textcoords="offset points",
                         xytext=(0, -11), ha="center", fontsize=7, color=COLOURS["kvest"])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.margins(y=0.15)
+        ax.margins(x=0.08, y=0.15)
         ax.set_title(name, fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
         ax.set_xlabel("requests in the batch")
@@ -115,7 +122,7 @@ def plot_sglang(rows: list[StepRow], path: str, version: str) -> None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
     fig.suptitle(f"decode-step bookkeeping, real sglang {version} against kvest "
-                 f"(kvest's speedup under each point); {machine()}", fontsize=8)
+                 f"(kvest's speedup under each point); {where or machine()}", fontsize=8)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
