@@ -1,7 +1,7 @@
 """The contract's formulas in plain Python ints: the tests' own oracle.
 
 Nothing here comes from kvest (not even its input rules): every function is
-written from the contract (docs, SPEC) with arbitrary-precision ints, so that
+written from the contract (docs/contract.md) with arbitrary-precision ints, so that
 both implementations -- the compiled kernels and the pure-Python twin -- are
 checked against something that is neither of them.
 
@@ -18,8 +18,11 @@ The oracle models what the contract says about valid input:
   each length argument's values (int64 range), equal lengths, indices,
   negative lengths, and last the arithmetic.
 
-Anything else (wrong types, 2-D data, ...) raises :class:`Unmodelled`: for
-such input the tests compare the two implementations with each other only.
+Anything else (wrong types, 2-D data, a request without the attribute, ...)
+raises :class:`Unmodelled`: for such input the tests compare the two
+implementations with each other only.  Any other exception out of the oracle
+is a bug of the oracle's, and fails the test that met it; so does a public
+function missing from :data:`FUNCTIONS`.
 """
 
 from __future__ import annotations
@@ -45,7 +48,18 @@ def _int(value: Any) -> int:
         raise Unmodelled(f"not an integer: {value!r}")
     if hasattr(value, "__array__") and not isinstance(value, np.generic):
         raise Unmodelled("an array is not a scalar")
-    return int(operator.index(value))
+    try:
+        return int(operator.index(value))
+    except Exception as exc:
+        raise Unmodelled(f"__index__ raised {type(exc).__name__}") from None
+
+
+def _read(convert: Callable[[Any], np.ndarray], obj: Any) -> np.ndarray:
+    """convert(obj); an object that fails while read is not modelled."""
+    try:
+        return convert(obj)
+    except Exception as exc:
+        raise Unmodelled(f"reading the argument raised {type(exc).__name__}") from None
 
 
 def ints(obj: Any) -> list[int]:
@@ -57,9 +71,9 @@ def ints(obj: Any) -> list[int]:
             raise Unmodelled("not a 1-D integer array")
         items = obj.tolist()
     elif isinstance(obj, memoryview) or hasattr(obj, "__array__"):
-        return ints(np.asarray(obj))
+        return ints(_read(np.asarray, obj))
     elif hasattr(obj, "__dlpack__"):
-        return ints(np.from_dlpack(obj))
+        return ints(_read(np.from_dlpack, obj))
     elif hasattr(obj, "tolist"):  # array.array
         items = obj.tolist()
     else:
@@ -227,7 +241,8 @@ def _out_limit(out: Any, n: int, inputs: tuple[Any, ...]) -> int:
     """The largest value valid ``out`` buffers hold; anything else is Unmodelled."""
     if not (isinstance(out, tuple) and len(out) == 2):
         raise Unmodelled("out that is not a pair")
-    views = [buf.numpy() if type(buf).__module__.startswith("torch") else buf for buf in out]
+    views = [_read(lambda b: b.numpy(), buf) if type(buf).__module__.startswith("torch")
+             else buf for buf in out]
     others = [x for x in inputs if isinstance(x, np.ndarray)]
     for pos, buf in enumerate(views):
         if not (type(buf) is np.ndarray and buf.ndim == 1 and len(buf) == n
@@ -243,13 +258,47 @@ def _out_limit(out: Any, n: int, inputs: tuple[Any, ...]) -> int:
 
 # ------------------------------------------------------------ request objects
 
-def _req_length(req: Any, attr: str) -> int:
-    if hasattr(req, attr):
-        value = getattr(req, attr)
-    elif hasattr(getattr(req, "kv", None), attr):
-        value = getattr(req.kv, attr)
+# layout= -> where kv_committed_len and kv_allocated_len are read
+LAYOUTS = {None: ("either", "either"), "flat": ("flat", "flat"),
+           "mixed": ("flat", "nested"), "nested": ("nested", "nested")}
+
+
+def _layout(layout: Any) -> tuple[str, str]:
+    if layout is not None and not isinstance(layout, str):
+        raise Unmodelled("a layout that is not a string")
+    if layout not in LAYOUTS:
+        raise Unmodelled("an unknown layout")  # ValueError, in an order not modelled
+    return LAYOUTS[layout]
+
+
+def _attribute(obj: Any, attr: str) -> Any:
+    """obj.<attr>; a read that fails in any way is not modelled."""
+    try:
+        return getattr(obj, attr)
+    except Exception as exc:
+        raise Unmodelled(f"reading .{attr} raised {type(exc).__name__}") from None
+
+
+def _has(obj: Any, attr: str) -> bool:
+    try:
+        return hasattr(obj, attr)
+    except Exception as exc:  # hasattr lets everything but AttributeError through
+        raise Unmodelled(f"looking for .{attr} raised {type(exc).__name__}") from None
+
+
+def _req_length(req: Any, attr: str, where: str = "either") -> int:
+    if where == "either":
+        if _has(req, attr):
+            value = _attribute(req, attr)
+        elif _has(req, "kv") and _has(_attribute(req, "kv"), attr):
+            value = _attribute(req.kv, attr)
+        else:
+            raise Unmodelled("a request without the attribute")
     else:
-        raise Unmodelled("a request without the attribute")
+        owner = req if where == "flat" else _attribute(req, "kv")
+        if not _has(owner, attr):
+            raise Unmodelled("a request without the attribute where the layout reads it")
+        value = _attribute(owner, attr)
     v = _int(value)
     if v < 0:
         raise ValueError(v)
@@ -262,21 +311,92 @@ def _reqs(reqs: Any) -> list[Any]:
     return list(reqs)
 
 
-def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve):
+def _selected(requests: list[Any], indices: Any) -> list[Any]:
+    """The requests ``indices`` selects, as ``[requests[i] for i in indices]``."""
+    return [requests[i] for i in _rows(indices, len(requests))]
+
+
+# The order of the checks: reqs, the scalars, layout, indices, then request by
+# request (committed, allocated, the arithmetic).
+
+def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layout=None):
+    requests = _reqs(reqs)
     p, r = _scalar(page_size, 1), _scalar(reserve, 0)
+    at_c, at_a = _layout(layout)
     total = 0
-    for req in _reqs(reqs):
+    for req in _selected(requests, indices):
         # Requests are read one at a time, so the sum is checked as it runs:
         # its terms are never negative, a total past int64 stays past it.
-        c, a = _req_length(req, "kv_committed_len"), _req_length(req, "kv_allocated_len")
+        c = _req_length(req, "kv_committed_len", at_c)
+        a = _req_length(req, "kv_allocated_len", at_a)
         total = _fits(total + _fits(ceil_align(max(a, _fits(c + r)), p)) - ceil_align(a, p))
     return total
 
 
-def decode_new_tokens_from_reqs(reqs, page_size):
+def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None):
+    requests = _reqs(reqs)
     p = _scalar(page_size, 1)
-    return _fits(p * sum(1 for req in _reqs(reqs)
-                         if _req_length(req, "kv_committed_len") % p == 0))
+    at_c, _ = _layout(layout)
+    return _fits(p * sum(1 for req in _selected(requests, indices)
+                         if _req_length(req, "kv_committed_len", at_c) % p == 0))
+
+
+def _plan_limit(out: Any, dtype: Any, n: int) -> int:
+    """The largest value the plan's arrays hold: int64 unless told otherwise."""
+    if out is not None:
+        if dtype is not None:
+            raise Unmodelled("out= and dtype= together")
+        return _out_limit(out, n, ())
+    if dtype is None:
+        return INT64_MAX
+    try:
+        kind = np.dtype(dtype)
+    except TypeError:
+        raise Unmodelled("dtype that is not a dtype") from None
+    if kind not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise Unmodelled("a dtype the plan refuses")
+    return int(np.iinfo(kind).max)
+
+
+def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_aligned=True,
+                                out=None, dtype=None, layout=None):
+    """(cur, nxt, num_tokens, num_pages) over the selected requests, as lists and ints."""
+    requests = _reqs(reqs)
+    p, r = _scalar(page_size, 1), _scalar(reserve, 0)
+    aligned = _flag(page_aligned)
+    at_c, at_a = _layout(layout)
+    selected = _selected(requests, indices)
+    limit = _plan_limit(out, dtype, len(selected))
+    cur, nxt, tokens, pages = [], [], 0, 0
+    for req in selected:
+        c = _req_length(req, "kv_committed_len", at_c)
+        a = _req_length(req, "kv_allocated_len", at_a)
+        need = _fits(c + r)
+        if aligned:
+            need = _fits(ceil_align(need, p))
+        for value in (a, max(a, need)):
+            if value > limit:
+                raise OverflowError(value)
+        cur.append(a)
+        nxt.append(max(a, need))
+        tokens = _fits(tokens + nxt[-1] - a)
+        pages += ceil_div(nxt[-1], p) - ceil_div(a, p)
+    return cur, nxt, tokens, pages
+
+
+def beam_member_rows_from_reqs(reqs, indices=None):
+    """Σ req.beam_group.num_member_rows over the selected requests in a beam group."""
+    total = 0
+    for req in _selected(_reqs(reqs), indices):
+        if not _has(req, "beam_group"):
+            raise Unmodelled("a request without beam_group")
+        group = _attribute(req, "beam_group")
+        if group is not None:
+            rows = _attribute(group, "num_member_rows")
+            if type(rows) is not int:
+                raise Unmodelled("num_member_rows that is not an int")  # added as sum() adds
+            total += rows
+    return total
 
 
 FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -284,5 +404,6 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
         spec_v2_new_tokens, decode_new_tokens, num_new_pages, spec_v1_new_tokens,
         alloc_len_per_decode, alloc_reserve_per_decode, decode_alloc_plan,
         spec_v2_new_tokens_from_reqs, decode_new_tokens_from_reqs,
+        decode_alloc_plan_from_reqs, beam_member_rows_from_reqs,
     )
 }

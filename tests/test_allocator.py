@@ -4,9 +4,10 @@ A Hypothesis state machine runs a scheduler over a page pool: requests arrive
 with random prompts, decode steps grow each request's allocation a page at a
 time and commit a random number of accepted tokens, requests finish and give
 their pages back. Before every step the estimate must equal page size times
-the pages the step then takes from the pool -- exactly, not as a bound (SPEC:
-"Why the estimate is exact"). The simulator computes its own ``nxt`` and page
-counts from first principles; kvest's outputs are only compared with it.
+the pages the step then takes from the pool -- exactly, not as a bound
+(docs/contract.md: "Why the estimate equals the allocation"). The simulator
+computes its own ``nxt`` and page counts from first principles; kvest's outputs
+are only compared with it.
 Requests are flat or nested (a slots dataclass under req.kv); the object kernels
 (estimate, plan, selected rows) must agree with the arrays and the simulator.
 A failure shrinks to a minimal trace of arrivals, steps and finishes.

@@ -16,14 +16,17 @@ from helpers import (
     check_same,
     indices_for,
     length_arrays,
+    length_values,
     page_sizes,
     reserves,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from request_standins import ALL, LAYOUT_OF, FlatReq, MixedReq, NestedReq, TinyFlat
 
 import kvest
 from kvest import reference
+from kvest._names import FUNCTIONS
 
 sizes = st.integers(0, 40)
 
@@ -81,7 +84,7 @@ def test_decode_alloc_plan(cpu_variant, data, n, p, r, aligned, negative, out_dt
 
 @given(st.data(), sizes, page_sizes, reserves, st.booleans())
 def test_alloc_plan_pages_match_spec_v2(cpu_variant, data, n, p, r, aligned):
-    """SPEC invariant: num_pages * p == spec_v2_new_tokens, for both nxt variants."""
+    """The contract's invariant: num_pages * p == spec_v2_new_tokens, for both nxt variants."""
     c = data.draw(length_arrays(n, p))
     a = data.draw(length_arrays(n, p))
     try:
@@ -168,10 +171,44 @@ def test_expected_values_come_from_the_oracle(monkeypatch):
         check_same("spec_v2_new_tokens", [1], [1], 16, 2)
 
 
-@pytest.mark.skipif(kvest.IMPLEMENTATION != "python", reason="the pure-Python stage")
-def test_pure_python_stage_serves_the_twin():
-    for name in reference.__all__:
-        assert getattr(kvest, name) is getattr(reference, name)
+def test_pure_python_switch_serves_the_twin():
+    """KVEST_PURE_PYTHON=1 serves kvest.reference's functions as kvest.* (run in a
+    fresh interpreter, so it runs in every stage, not only the pure one)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import kvest; from kvest import reference; "
+            "assert kvest.IMPLEMENTATION == 'python'; "
+            "print(sum(getattr(kvest, n) is getattr(reference, n) for n in reference.__all__))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ, KVEST_PURE_PYTHON="1"), timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == len(reference.__all__) == len(FUNCTIONS)
+
+
+def test_oracle_covers_every_public_function():
+    """Every public function has an oracle; a missing one fails, never skips."""
+    assert set(oracle.FUNCTIONS) == set(FUNCTIONS)
+    for name in FUNCTIONS:
+        assert callable(getattr(kvest, name))
+
+
+def test_a_function_missing_from_the_oracle_fails(monkeypatch):
+    monkeypatch.delitem(oracle.FUNCTIONS, "decode_new_tokens")
+    with pytest.raises(KeyError):
+        check_same("decode_new_tokens", [16, 17, 32], 16)
+
+
+def test_an_oracle_that_breaks_fails(monkeypatch):
+    """Only oracle.Unmodelled means "not modelled"; an oracle that fails in any
+    other way fails the test instead of leaving the twin to check itself."""
+    def broken(*args, **kwargs):
+        raise TypeError("the oracle's own bug")
+
+    monkeypatch.setitem(oracle.FUNCTIONS, "decode_new_tokens", broken)
+    with pytest.raises(TypeError, match="own bug"):
+        check_same("decode_new_tokens", [16, 17, 32], 16)
 
 
 def test_oracle_is_independent_of_kvest():
@@ -228,3 +265,85 @@ def test_out_buffers_sharing_memory(data, n, dtype, strided):
     assert got[0] == ("raise" if shared else "ok")
     if shared:
         assert got[1] is ValueError
+
+
+# ------------------------------------------------------ request objects
+
+class Beam:
+    def __init__(self, rows: int) -> None:
+        self.num_member_rows = rows
+
+
+def _requests(draw, n: int, p: int, cls: type) -> list:
+    values = draw(st.lists(st.tuples(length_values(p), length_values(p)), min_size=n,
+                           max_size=n))
+    return [cls(c, a) for c, a in values]
+
+
+def _layout_for(draw, cls: type) -> str | None:
+    """None (the search), or the layout the request class implies."""
+    return draw(st.sampled_from([None, LAYOUT_OF[cls]]))
+
+
+@given(st.data(), st.integers(0, 24), page_sizes, reserves, st.sampled_from(ALL))
+def test_spec_v2_new_tokens_from_reqs(data, n, p, r, cls):
+    reqs = _requests(data.draw, n, p, cls)
+    check_exact("spec_v2_new_tokens_from_reqs", reqs, p, r, data.draw(indices_for(n)),
+                layout=_layout_for(data.draw, cls))
+
+
+@given(st.data(), st.integers(0, 24), page_sizes, st.sampled_from(ALL))
+def test_decode_new_tokens_from_reqs(data, n, p, cls):
+    reqs = _requests(data.draw, n, p, cls)
+    check_exact("decode_new_tokens_from_reqs", reqs, p, data.draw(indices_for(n)),
+                layout=_layout_for(data.draw, cls))
+
+
+@given(st.data(), st.integers(0, 24), page_sizes, reserves, st.sampled_from(ALL),
+       st.booleans(), st.sampled_from([None, np.int32, np.int64]))
+def test_decode_alloc_plan_from_reqs(data, n, p, r, cls, aligned, dtype):
+    reqs = _requests(data.draw, n, p, cls)
+    got = check_exact("decode_alloc_plan_from_reqs", reqs, p, r,
+                      indices=data.draw(indices_for(n)), page_aligned=aligned, dtype=dtype,
+                      layout=_layout_for(data.draw, cls))
+    if got[0] == "ok":
+        cur, nxt, tokens, pages = got[1]
+        assert tokens == sum(nxt) - sum(cur)
+        assert pages * p >= tokens - sum(-a % p for a in cur)
+
+
+@given(st.data(), st.integers(0, 24), st.sampled_from([FlatReq, MixedReq, NestedReq, TinyFlat]))
+def test_beam_member_rows_from_reqs(data, n, cls):
+    reqs = _requests(data.draw, n, 16, cls)
+    for req in reqs:
+        rows = data.draw(st.one_of(st.none(), st.integers(0, 2**40)))
+        req.beam_group = None if rows is None else Beam(rows)
+    got = check_exact("beam_member_rows_from_reqs", reqs, data.draw(indices_for(n)))
+    if got[0] == "ok" and all(req.beam_group is None for req in reqs):
+        assert got[1] == 0
+
+
+@pytest.mark.parametrize(("cls", "layout"), [(FlatReq, "nested"), (NestedReq, "flat"),
+                                             (MixedReq, "nested")])
+def test_a_layout_that_does_not_fit_is_not_modelled_but_agrees(cls, layout):
+    """Lengths missing where the layout reads them: an AttributeError, the same
+    from both implementations (the oracle leaves the exception type to them)."""
+    got = check_same("spec_v2_new_tokens_from_reqs", [cls(5, 8)], 16, 6, layout=layout)
+    assert got == ("raise", AttributeError)
+
+
+def test_request_functions_worked_example():
+    """The README's request-object tour, against the oracle."""
+    reqs = [TinyFlat(c, a) for c, a in zip([5, 16, 31, 0, 100], [8, 16, 32, 0, 96],
+                                           strict=True)]
+    assert check_exact("spec_v2_new_tokens_from_reqs", reqs, 16, 128) == ("ok", 656)
+    assert check_exact("spec_v2_new_tokens_from_reqs", reqs, 16, 128, [4, -1],
+                       layout="flat") == ("ok", 288)
+    assert check_exact("decode_new_tokens_from_reqs", reqs, 16) == ("ok", 32)
+    plan = check_exact("decode_alloc_plan_from_reqs", reqs, 16, 128, dtype=np.int32)
+    assert plan == ("ok", ([8, 16, 32, 0, 96], [144, 144, 160, 128, 240], 664, 41))
+    for req in reqs:
+        req.beam_group = None
+    reqs[2].beam_group = Beam(3)
+    assert check_exact("beam_member_rows_from_reqs", reqs) == ("ok", 3)
+    assert check_exact("beam_member_rows_from_reqs", reqs, [0, 1]) == ("ok", 0)

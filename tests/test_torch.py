@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.mark.parametrize("impl", [kvest, reference], ids=["kvest", "reference"])
 def test_torch_holes_closed(impl):
-    """Issue 13's tensor cases: each a TypeError naming the argument."""
+    """Tensors the contract refuses: each a TypeError naming the argument."""
     cases = [
         ((torch.tensor([16, 17]), torch.tensor(True)), "page_size"),
         (([16, 17], torch.tensor(16)), "page_size"),
