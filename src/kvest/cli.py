@@ -94,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
     # Parsed by kvest.sglang.doctor itself (main() hands it the rest of argv):
     # listed here so that --help shows it.
     sub.add_parser("sglang", help="check kvest against the installed SGLang (the doctor; "
-                                  "`python -m kvest sglang --help` for its options)")
+                                  "python -m kvest sglang --help lists its options)")
     top.add_argument("--requests", type=int_at_least(1), default=1024,
                      help="requests in the demo's decode batch (default 1024)")
     top.add_argument("--page-size", type=int_at_least(1), default=16,
