@@ -99,7 +99,7 @@ def main() -> int:
     ceilings = {} if update else json.loads(CEILINGS.read_text())
     measured = {}
     failed = False
-    print(f"{'case':36} {'instructions/request':>22} {'ceiling':>9}")
+    print(f"{'case':40} {'instructions/request':>22} {'ceiling':>9}")
     cases = [(f"{variant} p={p} {dtype}", lambda v=variant, p=p, d=dtype: count(v, p, d))
              for variant, p, dtype in CASES]
     cases += [(f"objects {fn} {shape} layout={layout}",
@@ -112,7 +112,7 @@ def main() -> int:
         if ceiling is not None and per_row > ceiling:
             verdict = "  ABOVE CEILING"
             failed = True
-        print(f"{key:36} {per_row:22.3f} {ceiling if ceiling is not None else '-':>9}{verdict}")
+        print(f"{key:40} {per_row:22.3f} {ceiling if ceiling is not None else '-':>9}{verdict}")
     if update:
         CEILINGS.write_text(json.dumps(
             {k: round(v * SLACK, 2) for k, v in measured.items()}, indent=2) + "\n")
