@@ -18,4 +18,6 @@ def verdicts(items: list[Verdict], markdown: bool) -> str:
         return "\n".join(["| target | measured | |", "| --- | ---: | --- |"]
                          + [f"| {a} | {b} | {word(c)} |" for a, b, c in items])
     width = max((len(a) for a, _, _ in items), default=0)
-    return "\n".join(f"{a:<{width}}  {b}  {word(c)}".rstrip() for a, b, c in items)
+    measured = max((len(b) for _, b, _ in items), default=0)
+    return "\n".join(f"{a:<{width}}  {b:<{measured}}  {word(c)}".rstrip()
+                     for a, b, c in items)
