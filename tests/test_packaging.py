@@ -38,6 +38,44 @@ def test_stubs_declare_every_public_function():
     assert set(reference.__all__) <= declared
 
 
+def _stub_signatures() -> dict[str, list[tuple[str, str, str | None]]]:
+    """name -> [(parameter, kind, default as written)] of each function in the stubs."""
+    out = {}
+    for stub in STUBS:
+        tree = ast.parse(resources.files("kvest").joinpath(stub).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                a = node.args
+                positional = [*a.posonlyargs, *a.args]
+                defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+                params = [(arg.arg, "POSITIONAL_ONLY" if arg in a.posonlyargs
+                           else "POSITIONAL_OR_KEYWORD", d) for arg, d in zip(
+                               positional, defaults, strict=True)]
+                params += [(arg.arg, "KEYWORD_ONLY", d)
+                           for arg, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)]
+                out[node.name] = [(n, k, None if d is None else ast.unparse(d))
+                                  for n, k, d in params]
+    return out
+
+
+def _signature(fn) -> list[tuple[str, str, str | None]]:
+    import inspect
+
+    return [(p.name, p.kind.name, None if p.default is p.empty else repr(p.default))
+            for p in inspect.signature(fn).parameters.values()]
+
+
+def test_stubs_in_step_with_the_code():
+    """Each stub's parameters -- names, kinds (positional or keyword-only) and
+    defaults -- are the pure twin's and the compiled kernel's."""
+    stubs = _stub_signatures()
+    for name in reference.__all__:
+        want = _signature(getattr(reference, name))
+        assert stubs[name] == want, f"{name}: stub {stubs[name]}, reference {want}"
+        if kvest.IMPLEMENTATION == "cython":
+            assert _signature(getattr(kvest, name)) == want, name
+
+
 def test_public_names():
     for name in reference.__all__:
         assert name in kvest.__all__
