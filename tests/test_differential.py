@@ -285,21 +285,24 @@ def _layout_for(draw, cls: type) -> str | None:
     return draw(st.sampled_from([None, LAYOUT_OF[cls]]))
 
 
-@given(st.data(), st.integers(0, 24), page_sizes, reserves, st.sampled_from(ALL))
+req_counts = st.integers(0, 16)
+
+
+@given(st.data(), req_counts, page_sizes, reserves, st.sampled_from(ALL))
 def test_spec_v2_new_tokens_from_reqs(data, n, p, r, cls):
     reqs = _requests(data.draw, n, p, cls)
     check_exact("spec_v2_new_tokens_from_reqs", reqs, p, r, data.draw(indices_for(n)),
                 layout=_layout_for(data.draw, cls))
 
 
-@given(st.data(), st.integers(0, 24), page_sizes, st.sampled_from(ALL))
+@given(st.data(), req_counts, page_sizes, st.sampled_from(ALL))
 def test_decode_new_tokens_from_reqs(data, n, p, cls):
     reqs = _requests(data.draw, n, p, cls)
     check_exact("decode_new_tokens_from_reqs", reqs, p, data.draw(indices_for(n)),
                 layout=_layout_for(data.draw, cls))
 
 
-@given(st.data(), st.integers(0, 24), page_sizes, reserves, st.sampled_from(ALL),
+@given(st.data(), req_counts, page_sizes, reserves, st.sampled_from(ALL),
        st.booleans(), st.sampled_from([None, np.int32, np.int64]))
 def test_decode_alloc_plan_from_reqs(data, n, p, r, cls, aligned, dtype):
     reqs = _requests(data.draw, n, p, cls)
@@ -312,11 +315,12 @@ def test_decode_alloc_plan_from_reqs(data, n, p, r, cls, aligned, dtype):
         assert pages * p >= tokens - sum(-a % p for a in cur)
 
 
-@given(st.data(), st.integers(0, 24), st.sampled_from([FlatReq, MixedReq, NestedReq, TinyFlat]))
+@given(st.data(), req_counts, st.sampled_from([FlatReq, MixedReq, NestedReq, TinyFlat]))
 def test_beam_member_rows_from_reqs(data, n, cls):
-    reqs = _requests(data.draw, n, 16, cls)
-    for req in reqs:
-        rows = data.draw(st.one_of(st.none(), st.integers(0, 2**40)))
+    reqs = [cls(0, 0) for _ in range(n)]
+    groups = data.draw(st.lists(st.one_of(st.none(), st.integers(0, 2**40)), min_size=n,
+                                max_size=n))
+    for req, rows in zip(reqs, groups, strict=True):
         req.beam_group = None if rows is None else Beam(rows)
     got = check_exact("beam_member_rows_from_reqs", reqs, data.draw(indices_for(n)))
     if got[0] == "ok" and all(req.beam_group is None for req in reqs):
