@@ -172,3 +172,37 @@ def test_no_import_cycles():
                     seen.add(node)
                     todo.extend(graph.get(node, ()))
     assert not cycles, cycles
+
+
+def test_recorded_results_read_back(tmp_path, monkeypatch):
+    """tools/redraw_bench.py reads every recorded table of docs/benchmarks.md back
+    into the benchmark's rows (what --from-recorded --redraw draws from), and
+    leaves the recorded tables as they are."""
+    import importlib.util
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    results = root / "docs" / "benchmarks.md"
+    if not results.is_file():
+        pytest.skip("not a checkout")
+    spec = importlib.util.spec_from_file_location("redraw_bench",
+                                                  root / "tools" / "redraw_bench.py")
+    assert spec is not None and spec.loader is not None
+    redraw = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(redraw)
+    drawn = {}
+    monkeypatch.setattr(redraw.plots, "plot_arrays",
+                        lambda rows, path, where=None: drawn.update(arrays=rows))
+    monkeypatch.setattr(redraw.plots, "plot_sglang",
+                        lambda rows, path, version, where=None, speedups=None:
+                        drawn.update(sglang=rows, version=version, speedups=speedups))
+    copy = tmp_path / "benchmarks.md"
+    shutil.copy(results, copy)
+    redraw.redraw(copy, tmp_path)
+    assert copy.read_text(encoding="utf-8") == results.read_text(encoding="utf-8")
+    assert len(drawn["arrays"]) == len(arrays.FUNCTIONS) * len(arrays.PAGE_SIZES) * len(
+        arrays.SIZES)
+    assert len(drawn["sglang"]) == len(sglang_step.HOT_SPOTS) * len(sglang_step.SIZES)
+    assert drawn["version"].startswith("0.5.")
+    assert redraw.seconds("5.73 µs") == pytest.approx(5.73e-6)
+    assert redraw.seconds("–") is None
