@@ -75,6 +75,8 @@ def self_test(tree: upstream.StandinTree, originals: dict[str, Any], batches: in
     estimate = vars(tree.batch_class).get("new_tokens_required_next_decode")
     spec_v2_original = originals["_new_tokens_required_next_decode_spec_v2"]
     replaced_estimate = getattr(estimate, "__kvest_original__", None) is not None
+    replaced_spec_v2 = getattr(vars(tree.batch_class).get(
+        "_new_tokens_required_next_decode_spec_v2"), "__kvest_original__", None) is not None
     compared: Counter[str] = Counter()
     mismatched: Counter[str] = Counter()
 
@@ -85,7 +87,8 @@ def self_test(tree: upstream.StandinTree, originals: dict[str, Any], batches: in
             if mismatched[name] <= 3:
                 print(f"  MISMATCH {name}: upstream {expected}, kvest {got}")
 
-    for _ in range(batches if replaced_estimate or alloc_lens or pages_fn else 0):
+    for _ in range(batches if replaced_estimate or replaced_spec_v2 or alloc_lens or pages_fn
+                   else 0):
         p = _page_size(rng)
         steps, topk, draft = rng.choice(CONFIGS)
         spec = rng.random() < 0.5
@@ -102,7 +105,7 @@ def self_test(tree: upstream.StandinTree, originals: dict[str, Any], batches: in
                   _outcome(originals["new_tokens_required_next_decode"],
                            upstream.Unpatched(batch, spec_v2_original), selected),
                   _outcome(batch.new_tokens_required_next_decode, selected))
-        if spec and replaced_estimate:
+        if spec and replaced_spec_v2:
             check("_new_tokens_required_next_decode_spec_v2",
                   _outcome(originals["_new_tokens_required_next_decode_spec_v2"], batch, reqs, p),
                   _outcome(batch._new_tokens_required_next_decode_spec_v2, reqs, p))
@@ -206,12 +209,16 @@ def _source(root: str | None) -> upstream.SourceTree | None:
         return upstream.wheel(path, cache=_cache())
     if not (path / "sglang/srt/managers/schedule_batch.py").is_file():
         raise ValueError(f"{root}: no sglang/srt/managers/schedule_batch.py below it")
+    # The version is only for the report (a wheel's sglang/_version.py has it).
+    import re
+
     version = "unknown"
-    text = (path / "sglang/version.py").read_text() if (path / "sglang/version.py").is_file() \
-        else ""
-    for line in text.splitlines():
-        if line.startswith("__version__"):
-            version = line.split("=", 1)[1].strip().strip("\"'")
+    for rel in ("sglang/_version.py", "sglang/version.py"):
+        text = (path / rel).read_text() if (path / rel).is_file() else ""
+        match = re.search(r"^__version__\s*=[^'\"\n]*['\"]([^'\"]+)['\"]", text, re.M)
+        if match:
+            version = match.group(1)
+            break
     return upstream.SourceTree(path, version)
 
 

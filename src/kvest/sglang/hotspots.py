@@ -165,7 +165,7 @@ def plan(import_modules: bool = True, mode: str = "on") -> Plan:
             continue
         why = _replaced(fn)
         if why is not None:
-            entry.state = "left alone"
+            entry.state = "skipped"
             entry.notes.append(why)
             continue
         try:
@@ -175,14 +175,16 @@ def plan(import_modules: bool = True, mode: str = "on") -> Plan:
             entry.notes.append(str(exc))
             continue
         if new is None:
-            entry.state = "left alone"
+            if entry.state != "skipped":
+                entry.state = "left alone"
             continue
         if mode == "shadow":
             new = monitor.shadow(fn, new, name)
         entry.state = "shadow" if mode == "shadow" else "replaced"
         qual = f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) \
             else owner.__name__
-        result.targets.append(Target(name, owner, attr, fn, _mark(new, fn, entry.patterns),
+        label = f"{cls_name}.{attr}" if cls_name is not None else attr
+        result.targets.append(Target(label, owner, attr, fn, _mark(new, fn, entry.patterns),
                                      f"{qual}.{attr}"))
         if name == "page_aligned_decode_alloc_lens" and isinstance(owner, types.ModuleType):
             _plan_int32_callers(result, owner, fn, mode)
@@ -223,6 +225,7 @@ def _plan_one(name: str, fn: Any, kinds: tuple[str, ...], entry: monitor.Spot) -
         torch = fn.__globals__.get("torch")
         tensor = getattr(torch, "Tensor", None)
         if not isinstance(tensor, type):
+            entry.state = "skipped"
             entry.notes.append("torch is not loaded")
             return None
         return kernels.make_num_new_pages(fn, tensor, name)

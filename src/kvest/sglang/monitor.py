@@ -57,7 +57,9 @@ class Spot:
     """One hot spot: what kvest did with it and what happened since."""
 
     name: str
-    state: str = "absent"  # "replaced", "shadow", "left alone" or "absent"
+    # "replaced", "shadow", "left alone" (code kvest did not match), "skipped"
+    # (someone else's hook there already, torch not loaded) or "absent"
+    state: str = "absent"
     patterns: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     kernel: int = 0  # calls a kernel answered
@@ -100,7 +102,7 @@ def spot(name: str) -> Spot:
 def status() -> dict[str, Any]:
     """A snapshot: ``mode``, ``sglang`` (its version), ``scheduler`` (whether
     this process runs SGLang's scheduler), and per hot spot its ``state``
-    (replaced, shadow, left alone, absent), the ``patterns`` compiled, the
+    (replaced, shadow, left alone, skipped, absent), the ``patterns`` compiled, the
     ``notes`` (why anything was left alone), and the counters: ``kernel``
     answers, ``fallbacks`` to upstream's code, ``shadow_calls``,
     ``mismatches``, ``kvest_ns`` and ``upstream_ns`` (shadow mode), and the

@@ -230,8 +230,12 @@ def _near_miss(fn: Any, got: fingerprint.Print, accepted: dict[str, Pattern],
         return sum(got.nodes.get(path) == digest for path, digest in p.nodes.items())
 
     nearest = max(accepted.values(), key=agreement)
-    path = fingerprint.first_difference(got, nearest.nodes)
-    where = got.at.get(path or "", node)
+    path = fingerprint.first_difference(got, nearest.nodes) or ""
+    # A lone name or constant says little: show the expression around it.
+    while path and isinstance(got.at.get(path), (ast.Name, ast.Constant, ast.operator,
+                                                ast.cmpop, ast.boolop, ast.unaryop)):
+        path = path.rsplit("/", 1)[0]
+    where = got.at.get(path, node)
     try:
         text = ast.unparse(where)
     except Exception:  # pragma: no cover - unparse handles every node ast makes
