@@ -97,12 +97,13 @@ def test_plugin_never_imports_the_scheduler(tree, caplog):
 
 
 def test_patch_after_the_plugin_leaves_the_hooks_alone(tree):
-    
+
     tree.modules["sglang.srt.plugins"].load_plugins()
     hooked = tree.batch_class.__dict__["new_tokens_required_next_decode"]
     handle = kvest.sglang.patch()
     assert not handle.plan.problems
     assert "ScheduleBatch.new_tokens_required_next_decode" not in handle.replaced
-    assert any("already wrapped by a plugin hook" in s for s in [n for s in kvest.sglang.status()['hotspots'].values() for n in s['notes']])
+    notes = [n for s in kvest.sglang.status()["hotspots"].values() for n in s["notes"]]
+    assert any("already wrapped by a plugin hook" in n for n in notes)
     handle.undo()
     assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is hooked

@@ -23,10 +23,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from kvest._env import flag
 from upstream import fallbacks
 
+from kvest._env import flag
 from kvest.sglang.upstream import Unpatched
 
 try:

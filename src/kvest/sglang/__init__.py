@@ -13,7 +13,7 @@ from its files, for the doctor) and :mod:`~kvest.sglang.doctor`
 (``python -m kvest sglang``).
 """
 
-from kvest.sglang.patch import Patch, patch
 from kvest.sglang.monitor import status
+from kvest.sglang.patch import Patch, patch
 
 __all__ = ["Patch", "patch", "status"]

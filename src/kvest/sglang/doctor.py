@@ -4,9 +4,9 @@ Finds the installed sglang (or the one ``--sglang-root`` names: a directory
 holding ``sglang/``, or a release's wheel, to check a release before
 upgrading), says what a scheduler process would do -- reading the same
 switches as the plugin: ``KVEST_SGLANG``, ``SGLANG_PLUGINS`` and kvest's entry
-point -- and what kvest replaces there (or why not), then runs a parity self-test: random batches through
-that installation's own functions and through kvest's replacements, answers
-and exceptions compared.  sglang is never imported (its functions are loaded
+point -- and what kvest replaces there (or why not), then runs a parity
+self-test: random batches through that installation's own functions and
+through kvest's replacements, answers and exceptions compared.  sglang is never imported (its functions are loaded
 from its files, see :mod:`kvest.sglang.upstream`), so this works with
 ``pip install --no-deps sglang==X`` as well as in a full SGLang environment;
 ``get_num_new_pages`` is checked where torch is installed.  Exit status 1 on
@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from kvest.sglang import upstream
-from kvest.sglang import monitor
+from kvest.sglang import monitor, upstream
 
 CONFIGS = [(3, 1, 4), (5, 1, 8), (3, 2, 6), (5, 4, 8), (5, 8, 64), (None, None, 4), (1, 1, 2)]
 PAGE_SIZES = [1, 16, 32, 64, 128, 256]

@@ -28,7 +28,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from kvest.sglang import fingerprint, kernels, monitor, patterns, rewrite
+from kvest.sglang import kernels, monitor, patterns, rewrite
 
 __all__ = ["HOTSPOTS", "Plan", "Target", "plan"]
 

@@ -22,8 +22,8 @@ left alone, with what differs (:func:`near_misses`).
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import copy
 import dataclasses
@@ -43,11 +43,11 @@ for _name in __future__.all_feature_names:
 _FRAME_READERS = frozenset({"locals", "vars", "eval", "exec", "globals"})
 
 
-class Declined(Exception):  # noqa: N818 - a signal, not an error
+class Declined(Exception):
     """Raised by a kernel's glue: upstream's own statement answers instead."""
 
 
-class Unreadable(Exception):  # noqa: N818
+class Unreadable(Exception):
     """The function's source cannot be proven to be the code that runs."""
 
 
@@ -138,7 +138,7 @@ def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
     if any(getattr(a, f) != getattr(b, f) for f in fields) or len(a.co_consts) != len(
             b.co_consts):
         return False
-    for x, y in zip(a.co_consts, b.co_consts):
+    for x, y in zip(a.co_consts, b.co_consts, strict=True):
         if isinstance(x, types.CodeType) or isinstance(y, types.CodeType):
             if not (isinstance(x, types.CodeType) and isinstance(y, types.CodeType)
                     and _same_code(x, y)):
@@ -201,7 +201,7 @@ def analyse(fn: Any, kinds: list[str]) -> Analysis:
             misses = [fingerprint.print_statement(s, local) for s in candidates]
             if not misses:
                 analysis.notes.append(f"{fn.__qualname__}: no {kind} statement; left alone")
-            for printed, stmt in zip(misses, candidates):
+            for printed, stmt in zip(misses, candidates, strict=True):
                 analysis.notes.append(_near_miss(fn, printed, accepted, stmt))
     return analysis
 
@@ -300,7 +300,7 @@ def rebuild(analysis: Analysis, swaps: list[Swap]) -> types.FunctionType:
 
     node = Swapper().visit(node)
     flags = fn.__code__.co_flags & _FUTURE_FLAGS
-    original_free = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    original_free = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
     code = _compile(node, analysis.filename, analysis.owner, flags,
                     factory_args=tuple(cells) + tuple(original_free))
     closure = []
