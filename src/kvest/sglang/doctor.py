@@ -6,8 +6,9 @@ upgrading), says what a scheduler process would do -- reading the same
 switches as the plugin: ``KVEST_SGLANG``, ``SGLANG_PLUGINS`` and kvest's entry
 point -- and what kvest replaces there (or why not), then runs a parity
 self-test: random batches through that installation's own functions and
-through kvest's replacements, answers and exceptions compared.  sglang is never imported (its functions are loaded
-from its files, see :mod:`kvest.sglang.upstream`), so this works with
+through kvest's replacements, answers and exceptions compared.  sglang is
+never imported (its functions are loaded from its files, see
+:mod:`kvest.sglang.upstream`), so this works with
 ``pip install --no-deps sglang==X`` as well as in a full SGLang environment;
 ``get_num_new_pages`` is checked where torch is installed.  Exit status 1 on
 any mismatch.
