@@ -107,3 +107,39 @@ def test_patch_after_the_plugin_leaves_the_hooks_alone(tree):
     assert any("already wrapped by a plugin hook" in n for n in notes)
     handle.undo()
     assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is hooked
+
+
+def test_the_hook_wrapper_shows_kvest_in_its_repr(tree):
+    cls = tree.batch_class
+    original = cls.__dict__["new_tokens_required_next_decode"]
+    tree.modules["sglang.srt.plugins"].load_plugins()
+    _batch(tree, False).new_tokens_required_next_decode()  # the first call names it
+    hooked = cls.__dict__["new_tokens_required_next_decode"]
+    assert "new_tokens_required_next_decode[kvest]" in repr(hooked)
+    assert hooked.__wrapped__ is original
+    assert "[kvest]" not in repr(hooked.__wrapped__)
+
+
+def test_an_unreadable_switch_turns_kvest_off_with_a_warning(tree, monkeypatch, caplog):
+    monkeypatch.setenv("KVEST_SGLANG", "nope")
+    original = tree.batch_class.__dict__["new_tokens_required_next_decode"]
+    with pytest.warns(RuntimeWarning, match="KVEST_SGLANG='nope'.*kvest is off"):
+        tree.modules["sglang.srt.plugins"].load_plugins()
+    assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is original
+    assert kvest.sglang.status()["mode"] == "off"
+
+
+def test_shadow_through_load_plugins(tree, monkeypatch):
+    monkeypatch.setenv("KVEST_SGLANG", "shadow")
+    cls = tree.batch_class
+    original = cls.__dict__["new_tokens_required_next_decode"]
+    cases = [(spec, sel) for spec in (False, True) for sel in (None, (4, 0, -1))]
+    expected = {case: original(_batch(tree, case[0]), case[1]) for case in cases}
+    tree.modules["sglang.srt.plugins"].load_plugins()
+    for (spec, sel), value in expected.items():
+        assert _batch(tree, spec).new_tokens_required_next_decode(sel) == value
+    report = kvest.sglang.status()
+    assert report["mode"] == "shadow"
+    spot = report["hotspots"]["new_tokens_required_next_decode"]
+    assert spot["state"] == "shadow"
+    assert spot["shadow_calls"] == len(cases) and spot["mismatches"] == 0

@@ -81,6 +81,9 @@ class _State:
         self.announced = False
         self.last_summary = time.monotonic()
         self.atexit = False
+        # (owner, attribute, upstream's function, kvest's) registered with SGLang's
+        # HookRegistry, whose wrapper takes upstream's name: renamed on first call.
+        self.hooked: list[tuple[Any, str, Any, Any]] = []
 
 
 STATE = _State()
@@ -90,6 +93,7 @@ def reset(mode_: str, sglang: str, scheduler: bool) -> None:
     STATE.mode, STATE.sglang, STATE.scheduler = mode_, sglang, scheduler
     STATE.spots = {}
     STATE.announced = False
+    STATE.hooked = []
 
 
 def spot(name: str) -> Spot:
@@ -139,11 +143,26 @@ def announce() -> None:
         if STATE.announced:
             return
         STATE.announced = True
+    _name_hook_wrappers()
     for level, message in describe():
         logger.log(level, "%s", message)
     if STATE.mode == "shadow" and not STATE.atexit:
         STATE.atexit = True
         atexit.register(summary)
+
+
+def _name_hook_wrappers() -> None:
+    """SGLang's HookRegistry wraps kvest's function in one of its own that
+    copies upstream's name (``functools.wraps``): give that wrapper kvest's
+    name, so ``repr()`` shows what runs (``__wrapped__`` stays upstream's)."""
+    for owner, attr, original, new in STATE.hooked:
+        bound = vars(owner).get(attr)
+        if bound is new or getattr(bound, "__wrapped__", None) is not original:
+            continue
+        cells = [c.cell_contents for c in getattr(bound, "__closure__", None) or ()]
+        if any(c is new for c in cells):
+            bound.__qualname__ = new.__qualname__
+            bound.__kvest_original__ = original
 
 
 def summary() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from typing import Any
 
 from kvest.sglang import monitor
@@ -42,6 +43,8 @@ def load() -> None:
     """Register kvest's replacements with SGLang (called by ``load_plugins()``)."""
     mode, warning = monitor.mode()
     if warning is not None:
+        # Logging is not configured yet in a scheduler process: stderr too.
+        warnings.warn(f"kvest: {warning}", RuntimeWarning, stacklevel=2)
         logger.warning("kvest: %s", warning)
     if mode == "off":
         monitor.reset("off", "unknown", False)
@@ -62,6 +65,8 @@ def load() -> None:
                 registry, replace = hooks
                 # REPLACE swaps the function and rebinds every importer of it.
                 registry.register(target.registry, target.new, replace)
+                monitor.STATE.hooked.append((target.owner, target.attr, target.original,
+                                             target.new))
             else:
                 direct.append(target)
         apply(direct)
