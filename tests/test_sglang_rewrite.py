@@ -247,7 +247,8 @@ def test_every_hot_spot_is_compiled_and_exact(tree_source):
             warnings.simplefilter("error")
             handle = kvest.sglang.patch()
         try:
-            states = {n: s["state"] for n, s in monitor.status()["hotspots"].items()}
+            states = {n: s["state"] for n, s in monitor.status()["hotspots"].items()
+                      if s["state"] != "absent"}  # not loaded by the stand-ins
             assert set(states.values()) == {"replaced"}, states
             assert _answers(tree, calls) == expected
             replaced = vars(tree.batch_class)["new_tokens_required_next_decode"]
@@ -376,4 +377,5 @@ def test_patterns_are_data_with_their_releases():
                                         "alloc_lens_loop", "get_num_new_pages"}
     for pattern in loaded:
         assert len(pattern.digest) == 64 and pattern.releases
-        assert pattern.kind in patterns.PLACES
+        assert pattern.kind in patterns.SELECT
+        assert pattern.functions

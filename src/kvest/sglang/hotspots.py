@@ -35,6 +35,8 @@ __all__ = ["HOTSPOTS", "Plan", "Target", "plan"]
 BATCH_MODULE = "sglang.srt.managers.schedule_batch"
 COMMON_MODULE = "sglang.srt.utils.common"
 BEAM_MODULE = "sglang.srt.beam_search.batch_tail"
+ALLOCATION_MODULE = "sglang.srt.mem_cache.allocation"
+EAGLE_MODULE = "sglang.srt.speculative.eagle_utils"
 ALLOC_MODULES = (
     "sglang.srt.mem_cache.allocation_sizing",
     "sglang.srt.mem_cache.common",
@@ -52,6 +54,16 @@ HOTSPOTS: dict[str, tuple[tuple[str, ...], str | None, str, tuple[str, ...]]] = 
     "page_aligned_decode_alloc_lens": (ALLOC_MODULES, None, "page_aligned_decode_alloc_lens",
                                        ("alloc_lens_loop",)),
     "get_num_new_pages": ((COMMON_MODULE,), None, "get_num_new_pages", ("get_num_new_pages",)),
+    # The loops that write to requests (0.5.19+).
+    "alloc_for_decode": ((ALLOCATION_MODULE,), None, "alloc_for_decode", ("add_lengths_loop",)),
+    "alloc_for_decode_default": ((ALLOCATION_MODULE,), None, "alloc_for_decode_default",
+                                 ("add_lengths_loop",)),
+    "prepare_for_decode": ((BATCH_MODULE,), "ScheduleBatch", "prepare_for_decode",
+                           ("decode_batch_idx_loop",)),
+    "eagle_prepare_for_decode": ((EAGLE_MODULE,), None, "eagle_prepare_for_decode",
+                                 ("decode_batch_idx_loop",)),
+    "alloc_for_spec_decode": ((ALLOCATION_MODULE,), None, "alloc_for_spec_decode",
+                              ("max_allocated_loop",)),
 }
 
 
@@ -168,6 +180,10 @@ def plan(import_modules: bool = True, mode: str = "on") -> Plan:
             entry.state = "skipped"
             entry.notes.append(why)
             continue
+        if mode == "shadow" and set(kinds) & kernels.WRITERS:
+            entry.state = "skipped"
+            entry.notes.append("writes to requests, so it runs once, upstream's, in shadow mode")
+            continue
         try:
             new = _plan_one(name, fn, kinds, entry)
         except rewrite.Unreadable as exc:
@@ -196,7 +212,7 @@ def _checked(fn: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], str | Non
     be a function kvest matched whole: (name -> object, or why not)."""
     checked: dict[str, Any] = {}
     for name in names:
-        if name not in patterns.PLACES:
+        if name not in patterns.SELECT:
             continue  # a builtin: the glue compares it with the real one on every call
         value = fn.__globals__.get(name)
         try:
@@ -221,13 +237,13 @@ def _plan_one(name: str, fn: Any, kinds: tuple[str, ...], entry: monitor.Spot) -
         return None
     found = analysis.found[0]
     if found.pattern.whole:  # the whole function is the pattern: kvest's own version
-        entry.patterns.append(found.pattern.id)
         torch = fn.__globals__.get("torch")
         tensor = getattr(torch, "Tensor", None)
         if not isinstance(tensor, type):
             entry.state = "skipped"
             entry.notes.append("torch is not loaded")
             return None
+        entry.patterns.append(found.pattern.id)
         return kernels.make_num_new_pages(fn, tensor, name)
     swaps = []
     for found in analysis.found:

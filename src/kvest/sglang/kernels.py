@@ -31,7 +31,7 @@ from kvest.sglang.rewrite import Declined
 
 __all__ = ["GLUE", "make_alloc_lens_int32", "make_num_new_pages"]
 
-_SUM, _MAX, _ENUMERATE = builtins.sum, builtins.max, builtins.enumerate
+_SUM, _MAX, _ENUMERATE, _ZIP = builtins.sum, builtins.max, builtins.enumerate, builtins.zip
 _SEQUENCES = (list, tuple)
 _INT_LIMITS = {np.dtype(np.int64): 2**63 - 1, np.dtype(np.int32): 2**31 - 1}
 
@@ -157,6 +157,75 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     return alloc_lens_loop
 
 
+# ------------------------------------------------------------------ loops that write
+
+def _writer(name: str) -> Callable[..., Any] | None:
+    return getattr(kvest, name, None)
+
+
+_NESTED_LENGTHS = (("kv", "kv_allocated_len"), ("kv", "kv_committed_len"))
+
+
+def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
+                          ) -> Callable[..., Any]:
+    """``for req in owner.reqs: req.kv.kv_allocated_len += d; req.kv.kv_committed_len += d``.
+
+    kvest's writer keeps the loop's every semantic (Python's ``+=`` on whatever
+    the values are, properties and ``__setattr__`` taken as ``setattr`` takes
+    them, the same requests written before an exception), so once it has
+    started it never hands back: upstream's loop runs only if the writer is
+    missing."""
+    add, spot = _writer("add_to_attrs"), monitor.spot(name)
+
+    def add_lengths_loop(owner: Any, delta: Any) -> None:
+        _first_call()
+        if add is None:
+            spot.fallbacks += 1
+            raise Declined
+        reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
+        spot.kernel += 1
+        add(reqs, _NESTED_LENGTHS, delta)
+
+    return add_lengths_loop
+
+
+def make_decode_batch_idx_loop(pattern: Pattern, name: str, checked: dict[str, Any]
+                               ) -> Callable[..., Any]:
+    """``for r in owner.reqs: r.decode_batch_idx += 1`` (semantics as above)."""
+    add, spot = _writer("add_to_attrs"), monitor.spot(name)
+    paths = (("decode_batch_idx",),)
+
+    def decode_batch_idx_loop(owner: Any) -> None:
+        _first_call()
+        if add is None:
+            spot.fallbacks += 1
+            raise Declined
+        reqs = owner.reqs
+        spot.kernel += 1
+        add(reqs, paths, 1)
+
+    return decode_batch_idx_loop
+
+
+def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
+                            ) -> Callable[..., Any]:
+    """``for req, v in zip(reqs, values, strict=True): req.kv.kv_allocated_len =
+    max(req.kv.kv_allocated_len, v)`` (semantics as above; ``zip`` and ``max``
+    must be the builtins)."""
+    raise_to, spot = _writer("max_into_attr"), monitor.spot(name)
+    path = ("kv", "kv_allocated_len")
+
+    def max_allocated_loop(reqs: Any, values: Any, zip_: Any, max_: Any) -> None:
+        _first_call()
+        if raise_to is None or zip_ is not _ZIP or max_ is not _MAX:
+            spot.fallbacks += 1
+            raise Declined
+        spot.kernel += 1
+        raise_to(reqs, path, values, strict=True)
+
+    return max_allocated_loop
+
+
 GLUE: dict[str, tuple[Callable[..., Any], tuple[str, ...], str | None]] = {
     # kind: (glue maker, the roles passed in order, the role bound (None: returned))
     "decode_count": (make_decode_count, ("requests", "page_size"), "target"),
@@ -165,7 +234,14 @@ GLUE: dict[str, tuple[Callable[..., Any], tuple[str, ...], str | None]] = {
     "beam_rows": (make_beam_rows, ("reqs",), None),
     "alloc_lens_loop": (make_alloc_lens_loop,
                         ("reqs", "reserve", "page_size", "cur", "nxt", "total"), "total"),
+    # the loops that write to requests: a statement that binds nothing
+    "add_lengths_loop": (make_add_lengths_loop, ("owner", "delta"), ""),
+    "decode_batch_idx_loop": (make_decode_batch_idx_loop, ("owner",), ""),
+    "max_allocated_loop": (make_max_allocated_loop, ("reqs", "values"), ""),
 }
+# Hot spots whose patterns write to requests: never run twice (shadow mode
+# leaves them to upstream).
+WRITERS = frozenset({"add_lengths_loop", "decode_batch_idx_loop", "max_allocated_loop"})
 
 
 # ------------------------------------------------------------------ whole functions

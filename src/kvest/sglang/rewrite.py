@@ -172,7 +172,7 @@ def analyse(fn: Any, kinds: list[str]) -> Analysis:
     local = fingerprint.function_locals(node)
     for kind in kinds:
         accepted = {p.digest: p for p in patterns.by_kind(kind)}
-        select = patterns.PLACES[kind][2]
+        select = patterns.SELECT[kind]
         if select is None:
             whole = fingerprint.print_function(node)
             pattern = accepted.get(whole.digest)
@@ -257,7 +257,8 @@ class Swap:
     found: Found
     glue: Callable[..., Any]
     inputs: tuple[str, ...]  # roles passed, in order
-    binds: str | None  # the role assigned from the glue's result; None: ``return`` it
+    # the role assigned from the glue's result; None: ``return`` it; "": neither
+    binds: str | None
 
 
 def rebuild(analysis: Analysis, swaps: list[Swap]) -> types.FunctionType:
@@ -289,6 +290,8 @@ def rebuild(analysis: Analysis, swaps: list[Swap]) -> types.FunctionType:
             first: ast.stmt
             if swap.binds is None:
                 first = ast.Return(call)
+            elif not swap.binds:
+                first = ast.Expr(call)
             else:
                 first = ast.Assign([ast.Name(found.name(swap.binds), ast.Store())], call)
             handler = ast.ExceptHandler(ast.Name("__kvest_declined__", ast.Load()), None,
