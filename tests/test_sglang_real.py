@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from upstream import fallbacks
 
+import kvest.sglang
 from kvest._env import flag
 from kvest.sglang.upstream import Unpatched
 
@@ -80,9 +81,29 @@ def plugins_loaded():
 
 
 def test_load_plugins_found_kvest(plugins_loaded):
-    assert len(plugins_loaded) == 1, plugins_loaded
-    line = plugins_loaded[0]
-    assert f"sglang {sglang.__version__}" in line
+    # Nothing is logged while plugins load (SGLang configures logging after
+    # that); the status line comes with the first call of a replaced function.
+    assert plugins_loaded == []
+    logger = logging.getLogger("kvest.sglang")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        make_batch([make_req(5, 8)], 16, None).new_tokens_required_next_decode()
+    finally:
+        logger.removeHandler(handler)
+    assert [r.levelno for r in records] == [logging.INFO], [r.getMessage() for r in records]
+    line = records[0].getMessage()
+    assert f"sglang {sglang.__version__}" in line and "mode on" in line
+    report = kvest.sglang.status()
+    assert report["scheduler"] and report["mode"] == "on"
+    for name in ("new_tokens_required_next_decode", "_new_tokens_required_next_decode_spec_v2",
+                 "get_num_new_pages", "page_aligned_decode_alloc_lens", "prepare_for_decode",
+                 "eagle_prepare_for_decode", "alloc_for_decode_default",
+                 "alloc_for_spec_decode"):
+        assert report["hotspots"][name]["state"] == "replaced", (name, report["hotspots"][name])
+    assert "[kvest]" in repr(sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"])
     estimate = sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"]
     assert estimate is not ORIGINAL["estimate"]
     assert estimate.__wrapped__ is ORIGINAL["estimate"]  # HookRegistry's REPLACE wrapper
@@ -94,7 +115,8 @@ def test_load_plugins_found_kvest(plugins_loaded):
     if HAS["alloc_lens"]:
         # Arrays only for the caller that turns the lists into int32 tensors.
         assert eagle.page_aligned_decode_alloc_lens.__kvest_original__ is ORIGINAL["alloc_lens"]
-        assert sizing.page_aligned_decode_alloc_lens is ORIGINAL["alloc_lens"]
+        # Elsewhere, lists: upstream's function with its loop compiled.
+        assert sizing.page_aligned_decode_alloc_lens.__wrapped__ is ORIGINAL["alloc_lens"]
 
 
 # ------------------------------------------------------------------ real objects
@@ -253,8 +275,12 @@ def _scheduler_like_process(queue) -> None:  # runs in a spawned child
     logging.getLogger("kvest.sglang").addHandler(handler)
     logging.getLogger("kvest.sglang").setLevel(logging.INFO)
     child_load_plugins()
+    import kvest.sglang
+
     estimate = child_sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"]
-    queue.put((getattr(estimate, "__wrapped__", None) is not None, records))
+    state = kvest.sglang.status()["hotspots"].get("new_tokens_required_next_decode", {})
+    queue.put((getattr(estimate, "__wrapped__", None) is not None, records,
+               kvest.sglang.status()["mode"], state.get("state")))
 
 
 @pytest.mark.parametrize("off", [False, True], ids=["on", "KVEST_SGLANG=0"])
@@ -268,9 +294,11 @@ def test_spawned_process_runs_on_kvest(off, monkeypatch):
     queue = context.Queue()
     process = context.Process(target=_scheduler_like_process, args=(queue,))
     process.start()
-    replaced, records = queue.get(timeout=300)
+    replaced, records, mode, state = queue.get(timeout=300)
     process.join(timeout=60)
     assert process.exitcode == 0
     assert replaced is not off
-    assert len(records) == 1
-    assert ("off (KVEST_SGLANG=0)" in records[0]) is off
+    if off:
+        assert mode == "off" and len(records) == 1 and "off (KVEST_SGLANG)" in records[0]
+    else:  # the status line waits for the first call, when logging is configured
+        assert mode == "on" and state == "replaced" and records == []

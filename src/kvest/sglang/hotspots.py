@@ -191,7 +191,7 @@ def plan(import_modules: bool = True, mode: str = "on") -> Plan:
             entry.notes.append(str(exc))
             continue
         if new is None:
-            if entry.state != "skipped":
+            if entry.state not in ("skipped", "absent"):
                 entry.state = "left alone"
             continue
         if mode == "shadow":
@@ -234,6 +234,8 @@ def _plan_one(name: str, fn: Any, kinds: tuple[str, ...], entry: monitor.Spot) -
     analysis = rewrite.analyse(fn, list(kinds))
     entry.notes += analysis.notes
     if not analysis.found:
+        if not analysis.candidates and not found_whole(kinds):
+            entry.state = "absent"  # the function has no such loop (any more, or yet)
         return None
     found = analysis.found[0]
     if found.pattern.whole:  # the whole function is the pattern: kvest's own version
@@ -257,6 +259,11 @@ def _plan_one(name: str, fn: Any, kinds: tuple[str, ...], entry: monitor.Spot) -
     if not swaps:
         return None
     return rewrite.rebuild(analysis, swaps)
+
+
+def found_whole(kinds: tuple[str, ...]) -> bool:
+    """Whether the kinds are whole-function patterns (a function is always a candidate)."""
+    return any(patterns.SELECT[kind] is None for kind in kinds)
 
 
 def _plan_int32_callers(result: Plan, alloc: types.ModuleType, fn: Any, mode: str) -> None:

@@ -70,11 +70,30 @@ class Analysis:
     node: ast.FunctionDef
     filename: str
     owner: str | None  # the class of a method
+    imports: list[ast.stmt]  # the module's import statements (compiled along)
     found: list[Found]
     notes: list[str]  # why a statement that looks like a pattern was left alone
+    candidates: int = 0  # statements of the kinds' shape found (matched or not)
 
 
-def _source(fn: types.FunctionType) -> tuple[ast.FunctionDef, str, str | None]:
+def _module_imports(tree: ast.Module) -> list[ast.stmt]:
+    """The module's own import statements: the compiler treats ``name.attr(...)``
+    differently when ``name`` is bound by a module-level import (3.11's
+    LOAD_ATTR instead of LOAD_METHOD), so they are compiled along (never run)."""
+    found: list[ast.stmt] = []
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if not any(alias.name == "*" for alias in node.names):
+                found.append(node)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stack.extend(n for n in ast.iter_child_nodes(node) if isinstance(n, ast.stmt))
+    return found
+
+
+def _source(fn: types.FunctionType) -> tuple[ast.FunctionDef, str, str | None,
+                                             list[ast.stmt]]:
     code = fn.__code__
     filename = code.co_filename
     linecache.checkcache(filename)
@@ -91,12 +110,13 @@ def _source(fn: types.FunctionType) -> tuple[ast.FunctionDef, str, str | None]:
         if isinstance(node, ast.FunctionDef) and node.name == code.co_name:
             first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
             if code.co_firstlineno in (first, node.lineno):
-                return node, filename, owner
+                return node, filename, owner, _module_imports(tree)
     raise Unreadable(f"{fn.__qualname__} is not at line {code.co_firstlineno} of {filename}")
 
 
 def _compile(node: ast.FunctionDef, filename: str, owner: str | None, flags: int,
-             factory_args: tuple[str, ...] | None = None) -> types.CodeType:
+             imports: list[ast.stmt], factory_args: tuple[str, ...] | None = None
+             ) -> types.CodeType:
     """The code object of ``node`` compiled as it was (inside a class of the
     same name for a method, so private names are mangled alike), optionally
     inside a factory whose parameters become the function's free variables."""
@@ -109,7 +129,7 @@ def _compile(node: ast.FunctionDef, filename: str, owner: str | None, flags: int
             body=[node, ast.Return(ast.Name(node.name, ast.Load()))], decorator_list=[])
     if owner is not None:
         inner = ast.ClassDef(name=owner, bases=[], keywords=[], body=[inner], decorator_list=[])
-    module = ast.Module(body=[inner], type_ignores=[])
+    module = ast.Module(body=[*imports, inner], type_ignores=[])
     ast.copy_location(inner, node)
     ast.fix_missing_locations(module)
     code = compile(module, filename, "exec", flags=flags, dont_inherit=True)
@@ -159,13 +179,13 @@ def analyse(fn: Any, kinds: list[str]) -> Analysis:
     :class:`Unreadable` where its source is not provably its code)."""
     if not isinstance(fn, types.FunctionType):
         raise Unreadable(f"{fn!r} is not a plain function")
-    node, filename, owner = _source(fn)
+    node, filename, owner, imports = _source(fn)
     flags = fn.__code__.co_flags & _FUTURE_FLAGS
-    if not _same_code(_compile(node, filename, owner, flags), fn.__code__):
+    if not _same_code(_compile(node, filename, owner, flags, imports), fn.__code__):
         raise Unreadable(f"the source of {fn.__qualname__} in {filename} is not the code "
                          "that runs (the file changed after import, or the function was "
                          "made some other way)")
-    analysis = Analysis(fn, node, filename, owner, [], [])
+    analysis = Analysis(fn, node, filename, owner, imports, [], [])
     if any(isinstance(n, ast.Name) and n.id in _FRAME_READERS for n in ast.walk(node)):
         analysis.notes.append(f"{fn.__qualname__} reads its own frame; left alone")
         return analysis
@@ -182,11 +202,14 @@ def analyse(fn: Any, kinds: list[str]) -> Analysis:
                 analysis.notes.append(_near_miss(fn, whole, accepted, node))
             continue
         candidates = [s for s in fingerprint.statements(node.body) if select(s)]
+        analysis.candidates += len(candidates)
         hits = []
+        misses = []
         for stmt in candidates:
             printed = fingerprint.print_statement(stmt, local)
             pattern = accepted.get(printed.digest)
             if pattern is None:
+                misses.append((printed, stmt))
                 continue
             leak = _scratch_used_elsewhere(node, stmt, pattern, printed)
             if leak:
@@ -197,11 +220,10 @@ def analyse(fn: Any, kinds: list[str]) -> Analysis:
                 continue
             hits.append(Found(pattern, stmt, printed))
         analysis.found += hits
+        if not candidates:
+            analysis.notes.append(f"{fn.__qualname__}: no {kind} statement here")
         if not hits:
-            misses = [fingerprint.print_statement(s, local) for s in candidates]
-            if not misses:
-                analysis.notes.append(f"{fn.__qualname__}: no {kind} statement; left alone")
-            for printed, stmt in zip(misses, candidates, strict=True):
+            for printed, stmt in misses:
                 analysis.notes.append(_near_miss(fn, printed, accepted, stmt))
     return analysis
 
@@ -214,10 +236,31 @@ def _scratch_used_elsewhere(fn: ast.FunctionDef, stmt: ast.stmt, pattern: Patter
     bound = {n.id for n in ast.walk(stmt)
              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} - kept
     inside = {id(n) for n in ast.walk(stmt)}
-    for other in ast.walk(fn):
-        if isinstance(other, ast.Name) and other.id in bound and id(other) not in inside:
+    for other in _same_scope_names(fn, bound):
+        if id(other) not in inside:
             return other.id
     return None
+
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _same_scope_names(fn: ast.FunctionDef, names: set[str]) -> Iterator[ast.Name]:
+    """The uses of ``names`` in ``fn`` that are ``fn``'s own variables: not
+    those of a comprehension, lambda or nested function that binds the name
+    itself (a nested scope that only reads it reads ``fn``'s)."""
+    stack: list[tuple[ast.AST, frozenset[str]]] = [(c, frozenset()) for c in
+                                                  ast.iter_child_nodes(fn)]
+    while stack:
+        node, shadowed = stack.pop()
+        if isinstance(node, _COMPREHENSIONS):
+            shadowed = shadowed | {n.id for g in node.generators for n in ast.walk(g.target)
+                                   if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            shadowed = shadowed | fingerprint.function_locals(node)  # type: ignore[arg-type]
+        if isinstance(node, ast.Name) and node.id in names and node.id not in shadowed:
+            yield node
+        stack.extend((child, shadowed) for child in ast.iter_child_nodes(node))
 
 
 def _near_miss(fn: Any, got: fingerprint.Print, accepted: dict[str, Pattern],
@@ -304,7 +347,7 @@ def rebuild(analysis: Analysis, swaps: list[Swap]) -> types.FunctionType:
     node = Swapper().visit(node)
     flags = fn.__code__.co_flags & _FUTURE_FLAGS
     original_free = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
-    code = _compile(node, analysis.filename, analysis.owner, flags,
+    code = _compile(node, analysis.filename, analysis.owner, flags, analysis.imports,
                     factory_args=tuple(cells) + tuple(original_free))
     closure = []
     for name in code.co_freevars:
