@@ -184,6 +184,7 @@ def plan(import_modules: bool = True, mode: str = "on") -> Plan:
             entry.state = "skipped"
             entry.notes.append("writes to requests, so it runs once, upstream's, in shadow mode")
             continue
+        entry.state = "left alone"  # unless _plan_one says otherwise
         try:
             new = _plan_one(name, fn, kinds, entry)
         except rewrite.Unreadable as exc:
@@ -191,8 +192,6 @@ def plan(import_modules: bool = True, mode: str = "on") -> Plan:
             entry.notes.append(str(exc))
             continue
         if new is None:
-            if entry.state not in ("skipped", "absent"):
-                entry.state = "left alone"
             continue
         if mode == "shadow":
             new = monitor.shadow(fn, new, name)

@@ -35,7 +35,7 @@ from typing import Any
 from kvest.sglang import fingerprint, patterns
 from kvest.sglang.patterns import Pattern
 
-__all__ = ["Analysis", "Declined", "Found", "Unreadable", "analyse", "rebuild"]
+__all__ = ["Analysis", "Declined", "Found", "Unreadable", "analyse", "module_imports", "rebuild"]
 
 _FUTURE_FLAGS = 0
 for _name in __future__.all_feature_names:
@@ -76,7 +76,7 @@ class Analysis:
     candidates: int = 0  # statements of the kinds' shape found (matched or not)
 
 
-def _module_imports(tree: ast.Module) -> list[ast.stmt]:
+def module_imports(tree: ast.Module) -> list[ast.stmt]:
     """The module's own import statements: the compiler treats ``name.attr(...)``
     differently when ``name`` is bound by a module-level import (3.11's
     LOAD_ATTR instead of LOAD_METHOD), so they are compiled along (never run)."""
@@ -85,7 +85,9 @@ def _module_imports(tree: ast.Module) -> list[ast.stmt]:
     while stack:
         node = stack.pop(0)
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if not any(alias.name == "*" for alias in node.names):
+            # (``from __future__`` is a compiler flag, carried by the code's flags)
+            if not any(alias.name == "*" for alias in node.names) and not (
+                    isinstance(node, ast.ImportFrom) and node.module == "__future__"):
                 found.append(node)
         elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             stack.extend(n for n in ast.iter_child_nodes(node) if isinstance(n, ast.stmt))
@@ -110,7 +112,7 @@ def _source(fn: types.FunctionType) -> tuple[ast.FunctionDef, str, str | None,
         if isinstance(node, ast.FunctionDef) and node.name == code.co_name:
             first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
             if code.co_firstlineno in (first, node.lineno):
-                return node, filename, owner, _module_imports(tree)
+                return node, filename, owner, module_imports(tree)
     raise Unreadable(f"{fn.__qualname__} is not at line {code.co_firstlineno} of {filename}")
 
 
@@ -129,7 +131,8 @@ def _compile(node: ast.FunctionDef, filename: str, owner: str | None, flags: int
             body=[node, ast.Return(ast.Name(node.name, ast.Load()))], decorator_list=[])
     if owner is not None:
         inner = ast.ClassDef(name=owner, bases=[], keywords=[], body=[inner], decorator_list=[])
-    module = ast.Module(body=[*imports, inner], type_ignores=[])
+    never = ast.If(ast.Constant(False), imports, []) if imports else ast.Pass()
+    module = ast.Module(body=[never, inner], type_ignores=[])
     ast.copy_location(inner, node)
     ast.fix_missing_locations(module)
     code = compile(module, filename, "exec", flags=flags, dont_inherit=True)
