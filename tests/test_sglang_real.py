@@ -302,3 +302,55 @@ def test_spawned_process_runs_on_kvest(off, monkeypatch):
         assert mode == "off" and len(records) == 1 and "off (KVEST_SGLANG)" in records[0]
     else:  # the status line waits for the first call, when logging is configured
         assert mode == "on" and state == "replaced" and records == []
+
+
+def _shadow_process(queue, seed) -> None:  # runs in a spawned child, KVEST_SGLANG=shadow
+    """Random batches on real requests with kvest beside upstream."""
+    import random
+
+    from sglang.srt.plugins import load_plugins as child_load_plugins
+
+    import kvest.sglang
+
+    child_load_plugins()
+    rng = random.Random(seed)
+    for _ in range(200):
+        p = rng.choice([1, 16, 64, 256, rng.randint(1, 256)])
+        reqs = []
+        for _ in range(rng.randint(0, 40)):
+            c = rng.randint(0, 2**21) if rng.random() < 0.5 else rng.randint(0, 4 * p)
+            reqs.append(make_req(c, c + rng.randint(0, 3 * p + 160)))
+        n = len(reqs)
+        selected = [rng.randint(-n, n - 1) for _ in range(rng.randint(0, n))] if n else None
+        make_batch(reqs, p, None).new_tokens_required_next_decode(selected)
+        steps, topk, draft = rng.choice(CONFIGS)
+        with speculative(steps, topk, draft, p):
+            make_batch(reqs, p, "EAGLE").new_tokens_required_next_decode(selected)
+            sizing.page_aligned_decode_alloc_lens(reqs, reserve=rng.randint(0, 600), page_size=p)
+        seq = torch.tensor([rng.randint(1, 2**21) for _ in reqs], dtype=torch.int64)
+        paged.get_num_new_pages(seq, p, seq - 1, rng.random() < 0.5)
+    queue.put(kvest.sglang.status())
+
+
+def test_shadow_mode_on_real_requests(monkeypatch):
+    """KVEST_SGLANG=shadow in a scheduler-like process: kvest runs beside
+    upstream on every call and finds no mismatch on the real classes."""
+    import multiprocessing
+
+    monkeypatch.setenv("KVEST_SGLANG", "shadow")
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_shadow_process, args=(queue, 0))
+    process.start()
+    report = queue.get(timeout=600)
+    process.join(timeout=60)
+    assert process.exitcode == 0
+    assert report["mode"] == "shadow"
+    spots = report["hotspots"]
+    for name in ("new_tokens_required_next_decode", "_new_tokens_required_next_decode_spec_v2",
+                 "page_aligned_decode_alloc_lens", "get_num_new_pages"):
+        assert spots[name]["state"] == "shadow", (name, spots[name])
+        assert spots[name]["shadow_calls"] > 0, (name, spots[name])
+        assert spots[name]["mismatches"] == 0, (name, spots[name]["first_mismatch"])
+    # Loops that write to requests are never run twice: upstream's, once.
+    assert spots["alloc_for_decode_default"]["state"] == "skipped"
