@@ -17,10 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_standins import request_class
-from upstream import check_required, releases
+from upstream import check_required, fallbacks, releases
 
 import kvest.sglang
-from kvest.sglang.replacements import FALLBACKS
 from kvest.sglang.upstream import BeamGroup, Config, Unpatched, standin_tree
 
 try:
@@ -129,14 +128,14 @@ def _pair(req):
 def test_estimate(release, spec, data):
     tree, originals, _ = release
     batch, selected, clean = data.draw(batches(tree, spec))
-    before = sum(FALLBACKS.values())
+    before = fallbacks()
     unpatched = Unpatched(batch, originals["_new_tokens_required_next_decode_spec_v2"])
     expected = outcome(originals["new_tokens_required_next_decode"], unpatched, selected)
     got = outcome(batch.new_tokens_required_next_decode, selected)
     assert got == expected
     if clean and expected[0] == "ok" and not (tree.has("spec_v1") and spec
                                              and not batch.is_spec_v2):
-        assert sum(FALLBACKS.values()) == before, "kvest declined a clean batch"
+        assert fallbacks() == before, "kvest declined a clean batch"
 
 
 @settings(max_examples=EXAMPLES // 2, deadline=None)
@@ -153,21 +152,21 @@ def test_spec_v2_method(release, data):
 @settings(max_examples=EXAMPLES // 2, deadline=None)
 @given(data=st.data(), reserve=st.integers(0, 600) | st.sampled_from([-1, 2**62]))
 def test_page_aligned_decode_alloc_lens(release, data, reserve):
-    tree, originals, handle = release
+    tree, originals, _ = release
     if not tree.has("alloc_lens"):
         pytest.skip(f"sglang {tree.version} has no page_aligned_decode_alloc_lens")
     eagle = tree.modules["sglang.srt.speculative.eagle_utils"]
     replaced = eagle.page_aligned_decode_alloc_lens
     assert getattr(replaced, "__kvest_original__", None) is originals[
-        "page_aligned_decode_alloc_lens"], handle.shape.skipped
+        "page_aligned_decode_alloc_lens"], kvest.sglang.status()["hotspots"]
     batch, _, clean = data.draw(batches(tree, True))
     p = batch.token_to_kv_pool_allocator.page_size
     expected = outcome(originals["page_aligned_decode_alloc_lens"], batch.reqs,
                        reserve=reserve, page_size=p)
-    before = FALLBACKS["page_aligned_decode_alloc_lens"]
+    before = fallbacks("page_aligned_decode_alloc_lens")
     got = outcome(replaced, batch.reqs, reserve=reserve, page_size=p)
     assert got == expected
-    if FALLBACKS["page_aligned_decode_alloc_lens"] == before:  # kvest answered: int32 arrays
+    if fallbacks("page_aligned_decode_alloc_lens") == before:  # kvest answered: int32 arrays
         cur, nxt, _ = replaced(batch.reqs, reserve=reserve, page_size=p)
         assert cur.dtype == nxt.dtype == np.int32
     elif clean and 0 <= reserve < 2**20:
@@ -205,7 +204,7 @@ def test_patch_covers_what_the_release_has(release):
     replaced = set(handle.replaced)
     assert {"ScheduleBatch.new_tokens_required_next_decode",
             "ScheduleBatch._new_tokens_required_next_decode_spec_v2"} <= replaced
-    assert not handle.shape.problems
+    assert not handle.plan.problems
     if tree.has("alloc_lens"):
         assert "page_aligned_decode_alloc_lens (in eagle_utils)" in replaced
     if torch is not None:

@@ -14,9 +14,9 @@ import logging
 
 import pytest
 from sglang_standins import request_class
-from upstream import check_required, releases
+from upstream import check_required, fallbacks, releases
 
-from kvest.sglang.replacements import FALLBACKS
+import kvest.sglang
 from kvest.sglang.upstream import Config, standin_tree
 
 RELEASES = [t for t in releases() if t.exists("sglang/srt/plugins/hook_registry.py")]
@@ -50,18 +50,24 @@ def test_load_plugins_replaces_the_estimate(tree, caplog):
     original = cls.__dict__["new_tokens_required_next_decode"]
     cases = [(spec, sel) for spec in (False, True) for sel in (None, (4, 0, -1))]
     expected = {case: original(_batch(tree, case[0]), case[1]) for case in cases}  # unpatched
-    with caplog.at_level(logging.INFO, logger="kvest.sglang"):
+    with caplog.at_level(logging.DEBUG, logger="kvest.sglang"):
         tree.modules["sglang.srt.plugins"].load_plugins()
-    patched = cls.__dict__["new_tokens_required_next_decode"]
-    assert patched is not original
-    assert patched.__wrapped__ is original  # SGLang's HookRegistry REPLACE wrapper
-    before = sum(FALLBACKS.values())
-    for (spec, sel), value in expected.items():
-        assert _batch(tree, spec).new_tokens_required_next_decode(sel) == value
-    assert sum(FALLBACKS.values()) == before
-    lines = [r.getMessage() for r in caplog.records if r.name == "kvest.sglang"]
-    assert len(lines) == 1, lines
-    assert "replaced ScheduleBatch.new_tokens_required_next_decode" in lines[0]
+        # Nothing is logged while the plugin loads (SGLang configures logging after).
+        assert not [r for r in caplog.records if r.name == "kvest.sglang"]
+        patched = cls.__dict__["new_tokens_required_next_decode"]
+        assert patched is not original
+        assert patched.__wrapped__ is original  # SGLang's HookRegistry REPLACE wrapper
+        before = fallbacks()
+        for (spec, sel), value in expected.items():
+            assert _batch(tree, spec).new_tokens_required_next_decode(sel) == value
+        assert fallbacks() == before
+    records = [r for r in caplog.records if r.name == "kvest.sglang"]
+    # The status line, once, on the first call: INFO, and a WARNING only for
+    # code left alone (here get_num_new_pages is skipped: no torch).
+    assert [r.levelno for r in records] == [logging.INFO], [r.getMessage() for r in records]
+    assert "new_tokens_required_next_decode replaced" in records[0].getMessage()
+    report = kvest.sglang.status()["hotspots"]["new_tokens_required_next_decode"]
+    assert report["state"] == "replaced" and report["kernel"] >= 2
     # Idempotent, as SGLang means load_plugins() to be.
     tree.modules["sglang.srt.plugins"].load_plugins()
     assert cls.__dict__["new_tokens_required_next_decode"] is patched
@@ -76,23 +82,64 @@ def test_turned_off(tree, monkeypatch, env):
     assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is original
 
 
-def test_plugin_never_imports_the_scheduler(tree):
-    """In a process without the scheduler's modules, the plugin touches nothing."""
+def test_plugin_never_imports_the_scheduler(tree, caplog):
+    """In a process without the scheduler's modules, the plugin touches nothing
+    and says so in one DEBUG line."""
     import sys
 
     del sys.modules["sglang.srt.managers.schedule_batch"]
-    tree.modules["sglang.srt.plugins"].load_plugins()
+    with caplog.at_level(logging.DEBUG, logger="kvest.sglang"):
+        tree.modules["sglang.srt.plugins"].load_plugins()
     assert "sglang.srt.managers.schedule_batch" not in sys.modules
+    records = [r for r in caplog.records if r.name == "kvest.sglang"]
+    assert [r.levelno for r in records] == [logging.DEBUG]
+    assert "no SGLang scheduler" in records[0].getMessage()
 
 
 def test_patch_after_the_plugin_leaves_the_hooks_alone(tree):
-    import kvest.sglang
 
     tree.modules["sglang.srt.plugins"].load_plugins()
     hooked = tree.batch_class.__dict__["new_tokens_required_next_decode"]
     handle = kvest.sglang.patch()
-    assert not handle.shape.problems
+    assert not handle.plan.problems
     assert "ScheduleBatch.new_tokens_required_next_decode" not in handle.replaced
-    assert any("already wrapped by a plugin hook" in s for s in handle.shape.skipped)
+    notes = [n for s in kvest.sglang.status()["hotspots"].values() for n in s["notes"]]
+    assert any("already wrapped by a plugin hook" in n for n in notes)
     handle.undo()
     assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is hooked
+
+
+def test_the_hook_wrapper_shows_kvest_in_its_repr(tree):
+    cls = tree.batch_class
+    original = cls.__dict__["new_tokens_required_next_decode"]
+    tree.modules["sglang.srt.plugins"].load_plugins()
+    _batch(tree, False).new_tokens_required_next_decode()  # the first call names it
+    hooked = cls.__dict__["new_tokens_required_next_decode"]
+    assert "new_tokens_required_next_decode[kvest]" in repr(hooked)
+    assert hooked.__wrapped__ is original
+    assert "[kvest]" not in repr(hooked.__wrapped__)
+
+
+def test_an_unreadable_switch_turns_kvest_off_with_a_warning(tree, monkeypatch, caplog):
+    monkeypatch.setenv("KVEST_SGLANG", "nope")
+    original = tree.batch_class.__dict__["new_tokens_required_next_decode"]
+    with pytest.warns(RuntimeWarning, match="KVEST_SGLANG='nope'.*kvest is off"):
+        tree.modules["sglang.srt.plugins"].load_plugins()
+    assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is original
+    assert kvest.sglang.status()["mode"] == "off"
+
+
+def test_shadow_through_load_plugins(tree, monkeypatch):
+    monkeypatch.setenv("KVEST_SGLANG", "shadow")
+    cls = tree.batch_class
+    original = cls.__dict__["new_tokens_required_next_decode"]
+    cases = [(spec, sel) for spec in (False, True) for sel in (None, (4, 0, -1))]
+    expected = {case: original(_batch(tree, case[0]), case[1]) for case in cases}
+    tree.modules["sglang.srt.plugins"].load_plugins()
+    for (spec, sel), value in expected.items():
+        assert _batch(tree, spec).new_tokens_required_next_decode(sel) == value
+    report = kvest.sglang.status()
+    assert report["mode"] == "shadow"
+    spot = report["hotspots"]["new_tokens_required_next_decode"]
+    assert spot["state"] == "shadow"
+    assert spot["shadow_calls"] == len(cases) and spot["mismatches"] == 0

@@ -23,9 +23,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from upstream import fallbacks
 
+import kvest.sglang
 from kvest._env import flag
-from kvest.sglang.replacements import FALLBACKS
 from kvest.sglang.upstream import Unpatched
 
 try:
@@ -80,9 +81,29 @@ def plugins_loaded():
 
 
 def test_load_plugins_found_kvest(plugins_loaded):
-    assert len(plugins_loaded) == 1, plugins_loaded
-    line = plugins_loaded[0]
-    assert f"sglang {sglang.__version__}" in line
+    # Nothing is logged while plugins load (SGLang configures logging after
+    # that); the status line comes with the first call of a replaced function.
+    assert plugins_loaded == []
+    logger = logging.getLogger("kvest.sglang")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        make_batch([make_req(5, 8)], 16, None).new_tokens_required_next_decode()
+    finally:
+        logger.removeHandler(handler)
+    assert [r.levelno for r in records] == [logging.INFO], [r.getMessage() for r in records]
+    line = records[0].getMessage()
+    assert f"sglang {sglang.__version__}" in line and "mode on" in line
+    report = kvest.sglang.status()
+    assert report["scheduler"] and report["mode"] == "on"
+    for name in ("new_tokens_required_next_decode", "_new_tokens_required_next_decode_spec_v2",
+                 "get_num_new_pages", "page_aligned_decode_alloc_lens", "prepare_for_decode",
+                 "eagle_prepare_for_decode", "alloc_for_decode_default",
+                 "alloc_for_spec_decode"):
+        assert report["hotspots"][name]["state"] == "replaced", (name, report["hotspots"][name])
+    assert "[kvest]" in repr(sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"])
     estimate = sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"]
     assert estimate is not ORIGINAL["estimate"]
     assert estimate.__wrapped__ is ORIGINAL["estimate"]  # HookRegistry's REPLACE wrapper
@@ -94,7 +115,8 @@ def test_load_plugins_found_kvest(plugins_loaded):
     if HAS["alloc_lens"]:
         # Arrays only for the caller that turns the lists into int32 tensors.
         assert eagle.page_aligned_decode_alloc_lens.__kvest_original__ is ORIGINAL["alloc_lens"]
-        assert sizing.page_aligned_decode_alloc_lens is ORIGINAL["alloc_lens"]
+        # Elsewhere, lists: upstream's function with its loop compiled.
+        assert sizing.page_aligned_decode_alloc_lens.__wrapped__ is ORIGINAL["alloc_lens"]
 
 
 # ------------------------------------------------------------------ real objects
@@ -187,7 +209,7 @@ def test_estimate(data, p, config, spec):
     reqs = data.draw(requests(p))
     selected = data.draw(selections(len(reqs)))
     batch = make_batch(reqs, p, "EAGLE" if spec else None)
-    before = sum(FALLBACKS.values())
+    before = fallbacks()
     with speculative(*config, p) if spec else contextlib.nullcontext():
         expected = outcome(ORIGINAL["estimate"], Unpatched(batch, ORIGINAL["spec_v2"]), selected)
         assert outcome(batch.new_tokens_required_next_decode, selected) == expected
@@ -195,7 +217,7 @@ def test_estimate(data, p, config, spec):
             assert outcome(batch._new_tokens_required_next_decode_spec_v2, reqs, p) == \
                 outcome(ORIGINAL["spec_v2"], batch, reqs, p)
     if expected[0] == "ok":
-        assert sum(FALLBACKS.values()) == before, "kvest declined a real batch"
+        assert fallbacks() == before, "kvest declined a real batch"
 
 
 @pytest.mark.skipif(not HAS["alloc_lens"], reason="no page_aligned_decode_alloc_lens caller")
@@ -253,8 +275,12 @@ def _scheduler_like_process(queue) -> None:  # runs in a spawned child
     logging.getLogger("kvest.sglang").addHandler(handler)
     logging.getLogger("kvest.sglang").setLevel(logging.INFO)
     child_load_plugins()
+    import kvest.sglang
+
     estimate = child_sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"]
-    queue.put((getattr(estimate, "__wrapped__", None) is not None, records))
+    state = kvest.sglang.status()["hotspots"].get("new_tokens_required_next_decode", {})
+    queue.put((getattr(estimate, "__wrapped__", None) is not None, records,
+               kvest.sglang.status()["mode"], state.get("state")))
 
 
 @pytest.mark.parametrize("off", [False, True], ids=["on", "KVEST_SGLANG=0"])
@@ -268,9 +294,63 @@ def test_spawned_process_runs_on_kvest(off, monkeypatch):
     queue = context.Queue()
     process = context.Process(target=_scheduler_like_process, args=(queue,))
     process.start()
-    replaced, records = queue.get(timeout=300)
+    replaced, records, mode, state = queue.get(timeout=300)
     process.join(timeout=60)
     assert process.exitcode == 0
     assert replaced is not off
-    assert len(records) == 1
-    assert ("off (KVEST_SGLANG=0)" in records[0]) is off
+    if off:
+        assert mode == "off" and len(records) == 1 and "off (KVEST_SGLANG)" in records[0]
+    else:  # the status line waits for the first call, when logging is configured
+        assert mode == "on" and state == "replaced" and records == []
+
+
+def _shadow_process(queue, seed) -> None:  # runs in a spawned child, KVEST_SGLANG=shadow
+    """Random batches on real requests with kvest beside upstream."""
+    import random
+
+    from sglang.srt.plugins import load_plugins as child_load_plugins
+
+    import kvest.sglang
+
+    child_load_plugins()
+    rng = random.Random(seed)
+    for _ in range(200):
+        p = rng.choice([1, 16, 64, 256, rng.randint(1, 256)])
+        reqs = []
+        for _ in range(rng.randint(0, 40)):
+            c = rng.randint(0, 2**21) if rng.random() < 0.5 else rng.randint(0, 4 * p)
+            reqs.append(make_req(c, c + rng.randint(0, 3 * p + 160)))
+        n = len(reqs)
+        selected = [rng.randint(-n, n - 1) for _ in range(rng.randint(0, n))] if n else None
+        make_batch(reqs, p, None).new_tokens_required_next_decode(selected)
+        steps, topk, draft = rng.choice(CONFIGS)
+        with speculative(steps, topk, draft, p):
+            make_batch(reqs, p, "EAGLE").new_tokens_required_next_decode(selected)
+            sizing.page_aligned_decode_alloc_lens(reqs, reserve=rng.randint(0, 600), page_size=p)
+        seq = torch.tensor([rng.randint(1, 2**21) for _ in reqs], dtype=torch.int64)
+        paged.get_num_new_pages(seq, p, seq - 1, rng.random() < 0.5)
+    queue.put(kvest.sglang.status())
+
+
+def test_shadow_mode_on_real_requests(monkeypatch):
+    """KVEST_SGLANG=shadow in a scheduler-like process: kvest runs beside
+    upstream on every call and finds no mismatch on the real classes."""
+    import multiprocessing
+
+    monkeypatch.setenv("KVEST_SGLANG", "shadow")
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_shadow_process, args=(queue, 0))
+    process.start()
+    report = queue.get(timeout=600)
+    process.join(timeout=60)
+    assert process.exitcode == 0
+    assert report["mode"] == "shadow"
+    spots = report["hotspots"]
+    for name in ("new_tokens_required_next_decode", "_new_tokens_required_next_decode_spec_v2",
+                 "page_aligned_decode_alloc_lens", "get_num_new_pages"):
+        assert spots[name]["state"] == "shadow", (name, spots[name])
+        assert spots[name]["shadow_calls"] > 0, (name, spots[name])
+        assert spots[name]["mismatches"] == 0, (name, spots[name]["first_mismatch"])
+    # Loops that write to requests are never run twice: upstream's, once.
+    assert spots["alloc_for_decode_default"]["state"] == "skipped"

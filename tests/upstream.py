@@ -15,7 +15,15 @@ from pathlib import Path
 from request_standins import FlatReq as FlatReq
 from request_standins import NestedReq as NestedReq
 
+import kvest.sglang
 from kvest.sglang.upstream import SourceTree, installed, wheel
+
+
+def fallbacks(name: str | None = None) -> int:
+    """How often kvest declined and upstream's code answered, since the last
+    patch (for one hot spot, or all)."""
+    spots = kvest.sglang.status()["hotspots"]
+    return sum(s["fallbacks"] for n, s in spots.items() if name is None or n == name)
 
 
 def releases() -> list[SourceTree]:

@@ -1,10 +1,14 @@
 """``python -m kvest sglang``: is kvest right for the SGLang installed here?
 
-Finds the installed sglang, reports its version and shape, what kvest
-replaces (or why not), then runs a parity self-test: random batches through
-that installation's own functions and through kvest's replacements, answers
-and exceptions compared.  sglang is never imported (its functions are loaded
-from its files, see :mod:`kvest.sglang.upstream`), so this works with
+Finds the installed sglang (or the one ``--sglang-root`` names: a directory
+holding ``sglang/``, or a release's wheel, to check a release before
+upgrading), says what a scheduler process would do -- reading the same
+switches as the plugin: ``KVEST_SGLANG``, ``SGLANG_PLUGINS`` and kvest's entry
+point -- and what kvest replaces there (or why not), then runs a parity
+self-test: random batches through that installation's own functions and
+through kvest's replacements, answers and exceptions compared.  sglang is
+never imported (its functions are loaded from its files, see
+:mod:`kvest.sglang.upstream`), so this works with
 ``pip install --no-deps sglang==X`` as well as in a full SGLang environment;
 ``get_num_new_pages`` is checked where torch is installed.  Exit status 1 on
 any mismatch.
@@ -20,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from kvest.sglang import upstream
-from kvest.sglang.replacements import FALLBACKS
+from kvest.sglang import monitor, upstream
 
 CONFIGS = [(3, 1, 4), (5, 1, 8), (3, 2, 6), (5, 4, 8), (5, 8, 64), (None, None, 4), (1, 1, 2)]
 PAGE_SIZES = [1, 16, 32, 64, 128, 256]
@@ -72,6 +75,8 @@ def self_test(tree: upstream.StandinTree, originals: dict[str, Any], batches: in
     estimate = vars(tree.batch_class).get("new_tokens_required_next_decode")
     spec_v2_original = originals["_new_tokens_required_next_decode_spec_v2"]
     replaced_estimate = getattr(estimate, "__kvest_original__", None) is not None
+    replaced_spec_v2 = getattr(vars(tree.batch_class).get(
+        "_new_tokens_required_next_decode_spec_v2"), "__kvest_original__", None) is not None
     compared: Counter[str] = Counter()
     mismatched: Counter[str] = Counter()
 
@@ -82,7 +87,8 @@ def self_test(tree: upstream.StandinTree, originals: dict[str, Any], batches: in
             if mismatched[name] <= 3:
                 print(f"  MISMATCH {name}: upstream {expected}, kvest {got}")
 
-    for _ in range(batches if replaced_estimate or alloc_lens or pages_fn else 0):
+    for _ in range(batches if replaced_estimate or replaced_spec_v2 or alloc_lens or pages_fn
+                   else 0):
         p = _page_size(rng)
         steps, topk, draft = rng.choice(CONFIGS)
         spec = rng.random() < 0.5
@@ -99,7 +105,7 @@ def self_test(tree: upstream.StandinTree, originals: dict[str, Any], batches: in
                   _outcome(originals["new_tokens_required_next_decode"],
                            upstream.Unpatched(batch, spec_v2_original), selected),
                   _outcome(batch.new_tokens_required_next_decode, selected))
-        if spec and replaced_estimate:
+        if spec and replaced_spec_v2:
             check("_new_tokens_required_next_decode_spec_v2",
                   _outcome(originals["_new_tokens_required_next_decode_spec_v2"], batch, reqs, p),
                   _outcome(batch._new_tokens_required_next_decode_spec_v2, reqs, p))
@@ -131,12 +137,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="random batches (default 2000)")
     parser.add_argument("--seed", type=int_at_least(0), default=0,
                         help="seed of the random batches (default 0)")
+    parser.add_argument("--sglang-root", metavar="DIR_OR_WHEEL",
+                        help="check this SGLang instead of the installed one: a directory "
+                             "holding sglang/, or an sglang wheel")
     args = parser.parse_args(argv)
 
-    source = upstream.installed()
+    try:
+        source = _source(args.sglang_root)
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
     if source is None:
         print("sglang is not installed here (pip install --no-deps sglang==X is enough "
-              "for this check)")
+              "for this check, or name one with --sglang-root)")
         return 2
     torch = None
     if importlib.util.find_spec("torch") is not None:
@@ -146,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"kvest {kvest.__version__} ({kvest.IMPLEMENTATION})")
     print(f"sglang {source.version} at {source.root}")
+    verdict, mode = _switches(args.sglang_root is None)
+    print(f"a scheduler process here: {verdict}")
     with upstream.standin_tree(source, torch=torch) as tree:
         cls = tree.batch_class
         originals = {name: cls.__dict__[name] for name in
@@ -154,21 +168,24 @@ def main(argv: list[str] | None = None) -> int:
         originals["page_aligned_decode_alloc_lens"] = tree.alloc_function(
             "page_aligned_decode_alloc_lens")
         originals["get_num_new_pages"] = tree.modules["sglang.srt.utils.common"].get_num_new_pages
-        handle = kvest.sglang.patch()
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the report below says it all
+            handle = kvest.sglang.patch()
         try:
-            shape = handle.shape
-            print(f"shape: {shape.describe()}")
-            for label in handle.replaced:
-                print(f"  replaced: {label}")
-            for note in shape.skipped:
-                if note.startswith("get_num_new_pages: torch"):
-                    note = "get_num_new_pages: needs torch to be checked here (not installed)"
-                print(f"  left alone: {note}")
-            for problem in shape.problems:
-                print(f"  NOT RECOGNISED, left alone: {problem}")
-            before = sum(FALLBACKS.values())
+            report = monitor.status()
+            print("what kvest matches in this release" + (
+                "" if mode == "on" else f" (not used: {mode})") + ":")
+            for name, spot in report["hotspots"].items():
+                print(f"  {name}: {spot['state']}" + (
+                    f" ({', '.join(spot['patterns'])})" if spot["patterns"] else ""))
+                for note in spot["notes"]:
+                    if note == "torch is not loaded":
+                        note = "needs torch to be checked here (not installed)"
+                    print(f"    {note}")
             compared, mismatched = self_test(tree, originals, args.batches, args.seed, torch)
-            declined = sum(FALLBACKS.values()) - before
+            declined = sum(s["fallbacks"] for s in monitor.status()["hotspots"].values())
         finally:
             handle.undo()
     print("parity with this installation's own code:")
@@ -180,3 +197,56 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(mismatched.values())
     print(f"{args.batches} batches, {total} mismatches")
     return 1 if total else 0
+
+
+def _source(root: str | None) -> upstream.SourceTree | None:
+    if root is None:
+        return upstream.installed()
+    from pathlib import Path
+
+    path = Path(root)
+    if path.is_file():
+        return upstream.wheel(path, cache=_cache())
+    if not (path / "sglang/srt/managers/schedule_batch.py").is_file():
+        raise ValueError(f"{root}: no sglang/srt/managers/schedule_batch.py below it")
+    # The version is only for the report (a wheel's sglang/_version.py has it).
+    import re
+
+    version = "unknown"
+    for rel in ("sglang/_version.py", "sglang/version.py"):
+        text = (path / rel).read_text() if (path / rel).is_file() else ""
+        match = re.search(r"^__version__\s*=[^'\"\n]*['\"]([^'\"]+)['\"]", text, re.M)
+        if match:
+            version = match.group(1)
+            break
+    return upstream.SourceTree(path, version)
+
+
+def _cache() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="kvest-doctor-")
+
+
+def _switches(installed: bool) -> tuple[str, str]:
+    """What the plugin would do in a scheduler process here, from the same
+    switches it reads: (a sentence, the mode)."""
+    import importlib.metadata
+    import os
+
+    mode, warning = monitor.mode()
+    if warning is not None:
+        return f"kvest OFF: {warning}", "off"
+    if mode == "off":
+        return "kvest OFF (KVEST_SGLANG turns it off): SGLang runs its own code", "off"
+    allowed = os.environ.get("SGLANG_PLUGINS", "").strip()
+    if allowed and "kvest" not in [p.strip() for p in allowed.split(",")]:
+        return (f"kvest not loaded (SGLANG_PLUGINS={allowed!r} does not list it)",
+                "off (SGLANG_PLUGINS)")
+    points = [ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")
+              if ep.name == "kvest"]
+    if not points:
+        return "kvest not loaded (its entry point is not installed)", "off (no entry point)"
+    how = "kvest runs beside upstream, upstream answers (shadow)" if mode == "shadow" \
+        else "kvest's kernels answer where listed below"
+    return how + ("" if installed else " (for the SGLang named by --sglang-root)"), mode

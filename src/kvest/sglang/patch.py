@@ -11,7 +11,7 @@ SGLang runs its schedulers in spawned processes, where a patch made in the
 launcher does not exist: installed into SGLang's environment, kvest's plugin
 (:mod:`kvest.sglang.plugin`) does the same in every SGLang process.  This
 function is for tests and custom launchers; it replaces the same hot spots
-(:func:`kvest.sglang.shapes.detect` decides which, by feature) and rebinds
+(:func:`kvest.sglang.hotspots.plan` decides which: only code it matched exactly) and rebinds
 every module that did ``from X import name``, as SGLang's ``HookRegistry`` does.
 """
 
@@ -22,7 +22,7 @@ import types
 import warnings
 from typing import Any
 
-from kvest.sglang.shapes import Shape, Target, detect
+from kvest.sglang.hotspots import Plan, Target, plan
 
 __all__ = ["Patch", "apply", "patch"]
 
@@ -30,16 +30,16 @@ __all__ = ["Patch", "apply", "patch"]
 class Patch:
     """Undo handle returned by :func:`patch`; call it or use it as a context manager.
 
-    ``shape`` is what was found; ``replaced`` names what was replaced.
+    ``plan`` is what was found; ``replaced`` names what was replaced.
     """
 
-    def __init__(self, shape: Shape, changes: list[tuple[Any, str, Any, Any]]) -> None:
-        self.shape = shape
+    def __init__(self, plan: Plan, changes: list[tuple[Any, str, Any, Any]]) -> None:
+        self.plan = plan
         self._changes = changes
 
     @property
     def replaced(self) -> list[str]:
-        return [target.label for target in self.shape.targets]
+        return [target.label for target in self.plan.targets]
 
     def undo(self) -> None:
         """Put SGLang's functions back where kvest's still are (idempotent)."""
@@ -81,7 +81,7 @@ def apply(targets: list[Target]) -> list[tuple[Any, str, Any, Any]]:
     """Replace every target directly; the (owner, attr, old, new) changes made."""
     changes: list[tuple[Any, str, Any, Any]] = []
     for target in targets:
-        new = target.make(target.original)
+        new = target.new
         setattr(target.owner, target.attr, new)
         changes.append((target.owner, target.attr, target.original, new))
         if target.registry is not None and isinstance(target.owner, types.ModuleType):
@@ -89,12 +89,14 @@ def apply(targets: list[Target]) -> list[tuple[Any, str, Any, Any]]:
     return changes
 
 
-def patch() -> Patch:
+def patch(shadow: bool = False) -> Patch:
     """Replace SGLang's hot spots in this process with kvest's; returns the undo handle.
 
-    Whatever is not recognised is left alone, with a ``RuntimeWarning`` saying why.
+    Whatever kvest did not match exactly is left alone, with a ``RuntimeWarning``
+    saying why.  With ``shadow=True`` kvest runs beside upstream and upstream
+    answers (see :mod:`kvest.sglang.monitor`).
     """
-    shape = detect(import_modules=True)
-    for problem in shape.problems:
+    found = plan(import_modules=True, mode="shadow" if shadow else "on")
+    for problem in found.problems:
         warnings.warn(f"kvest.sglang: left unpatched: {problem}", RuntimeWarning, stacklevel=2)
-    return Patch(shape, apply(shape.targets))
+    return Patch(found, apply(found.targets))

@@ -5,21 +5,23 @@ thing in every scheduler process), then applies the hooks registered with its
 ``HookRegistry``.  Installed into SGLang's environment, kvest therefore runs
 inside every scheduler without any change to how SGLang is launched.
 
-- ``KVEST_SGLANG=0`` turns it off; SGLang's own ``SGLANG_PLUGINS`` works as usual.
-- One log line per process (logger ``kvest.sglang``) says the SGLang version,
-  the shape found and what was replaced (a warning if something was left
-  alone because kvest did not recognise it).
+- ``KVEST_SGLANG`` switches it (on, ``shadow``, off; see
+  :mod:`kvest.sglang.monitor`); SGLang's own ``SGLANG_PLUGINS`` works as usual.
 - Only processes that already loaded the scheduler's modules are touched:
-  kvest never imports the scheduler into the processes that do not use it.
+  kvest never imports the scheduler into the processes that do not use it
+  (the engine, the detokenizer), which log one DEBUG line.
+- The status line is logged on the first call of a replaced function, once
+  SGLang has configured logging; :func:`kvest.sglang.status` returns it.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from typing import Any
 
-from kvest._env import flag
+from kvest.sglang import monitor
 
 __all__ = ["load"]
 
@@ -39,37 +41,38 @@ def _registry() -> tuple[Any, Any] | None:
 
 def load() -> None:
     """Register kvest's replacements with SGLang (called by ``load_plugins()``)."""
-    if not flag("KVEST_SGLANG", True):
-        logger.info("kvest: off (KVEST_SGLANG=0): SGLang runs its own bookkeeping")
+    mode, warning = monitor.mode()
+    if warning is not None:
+        # Logging is not configured yet in a scheduler process: stderr too.
+        warnings.warn(f"kvest: {warning}", RuntimeWarning, stacklevel=2)
+        logger.warning("kvest: %s", warning)
+    if mode == "off":
+        monitor.reset("off", "unknown", False)
+        logger.info("kvest: off (KVEST_SGLANG): SGLang runs its own bookkeeping")
         return
     try:
+        from kvest.sglang.hotspots import plan
         from kvest.sglang.patch import apply
-        from kvest.sglang.shapes import detect
 
-        shape = detect(import_modules=False)
+        found = plan(import_modules=False, mode=mode)
+        if not found.scheduler:
+            logger.debug("kvest: no SGLang scheduler in this process; nothing to do")
+            return
         hooks = _registry()
         direct = []
-        for target in shape.targets:
+        for target in found.targets:
             if hooks is not None and target.registry is not None:
                 registry, replace = hooks
                 # REPLACE swaps the function and rebinds every importer of it.
-                registry.register(target.registry, target.make(target.original), replace)
+                registry.register(target.registry, target.new, replace)
+                monitor.STATE.hooked.append((target.owner, target.attr, target.original,
+                                             target.new))
             else:
                 direct.append(target)
         apply(direct)
     except Exception as exc:  # never break SGLang's start-up
         logger.warning("kvest: SGLang left unpatched: %s: %s", type(exc).__name__, exc)
         return
-    replaced = ", ".join(t.label for t in shape.targets) or "nothing"
-    message = (f"kvest {_kvest_version()}: sglang {shape.version} ({shape.describe()}): "
-               f"replaced {replaced}")
-    notes = shape.skipped + [f"NOT RECOGNISED, left alone: {p}" for p in shape.problems]
-    if notes:
-        message += "; " + "; ".join(notes)
-    (logger.warning if shape.problems else logger.info)("%s", message)
-
-
-def _kvest_version() -> str:
-    import kvest
-
-    return str(kvest.__version__)
+    if not found.targets:
+        # Nothing will call kvest, so nothing would announce: say it now.
+        monitor.announce()

@@ -180,10 +180,16 @@ class _Placeholder:
         return f"<placeholder {self._name}>"
 
 
-def _compile_into(namespace: dict[str, Any], nodes: list[ast.stmt], filename: str) -> None:
+def _compile_into(namespace: dict[str, Any], nodes: list[ast.stmt], filename: str,
+                  tree: ast.Module) -> None:
     """Compile definitions into ``namespace`` (a module's dict), decorators dropped
-    except ``property``; the functions keep their file name and line numbers."""
-    body = []
+    except ``property``; the functions keep their file name and line numbers.
+    The file's own imports are compiled along inside ``if False:`` (never run):
+    they change how the compiler reads ``name.attr(...)``, so the functions get
+    the code the real module has."""
+    from kvest.sglang.rewrite import module_imports
+
+    body: list[ast.stmt] = [ast.If(ast.Constant(False), module_imports(tree), [])]
     for node in nodes:
         if isinstance(node, ast.FunctionDef):
             keep = [d for d in node.decorator_list
@@ -348,7 +354,7 @@ class StandinTree:
         if not nodes:
             return None
         module = self._module(_module_name(relpath), relpath)
-        _compile_into(module.__dict__, nodes, str(self.source.path(relpath)))
+        _compile_into(module.__dict__, nodes, str(self.source.path(relpath)), tree)
         return module
 
     def _build(self) -> None:
@@ -393,7 +399,8 @@ class StandinTree:
                    if isinstance(m, ast.FunctionDef) and m.name in ESTIMATOR_METHODS]
         namespace: dict[str, Any] = {}
         scratch = dict(batch_module.__dict__)
-        _compile_into(scratch, methods, str(self.source.path(relpath)))
+        _compile_into(scratch, methods, str(self.source.path(relpath)),
+                      self.source.tree(relpath))
         for method in methods:
             namespace[method.name] = scratch[method.name]
         # The methods' globals are the module's dict: point them there.
@@ -417,10 +424,10 @@ class StandinTree:
         module = self._module(_module_name(relpath), relpath)
         module.__dict__[name] = fn  # as ``from ... import name`` left it
         filename = str(self.source.path(relpath))
-        _compile_into(module.__dict__, list(functions), filename)
+        _compile_into(module.__dict__, list(functions), filename, self.source.tree(relpath))
         for cls_name, found in methods.items():
             scratch = dict(module.__dict__)
-            _compile_into(scratch, list(found), filename)
+            _compile_into(scratch, list(found), filename, self.source.tree(relpath))
             body = {m.name: _rehome(scratch[m.name], module.__dict__) for m in found}
             body["__module__"] = module.__name__
             module.__dict__[cls_name] = type(cls_name, (), body)

@@ -1,4 +1,4 @@
-"""Shape detection leaves unknown code alone; patch() rebinds importers and undoes it all."""
+"""patch(): code kvest cannot read is left alone; importers rebound; undo restores it all."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from upstream import check_required, releases
 
 import kvest.sglang
-from kvest.sglang.shapes import _int32_tensor_use, code_features
+from kvest.sglang.hotspots import _int32_tensor_use
 from kvest.sglang.upstream import standin_tree
 
 RELEASES = releases()
@@ -44,24 +44,31 @@ def _edited(fn, old: str, new: str):
     ("page_size == 0", "page_size == 1"),                 # a different constant
     ("kv_committed_len", "kv_committed_len_v2"),          # a name kvest has not read
 ])
-def test_a_fork_of_the_estimate_is_left_alone_with_a_warning(edit):
+def test_a_function_without_readable_source_is_left_alone_with_a_warning(edit):
+    """A fork compiled from a string: kvest cannot prove what runs, so it
+    leaves that function alone -- and only that function."""
     with standin_tree(NEWEST) as tree:
         cls = tree.batch_class
         fork = _edited(cls.__dict__["new_tokens_required_next_decode"], *edit)
         cls.new_tokens_required_next_decode = fork
-        with pytest.warns(RuntimeWarning, match="left unpatched: ScheduleBatch estimate"):
+        with pytest.warns(RuntimeWarning,
+                          match="left unpatched: new_tokens_required_next_decode: no source"):
             handle = kvest.sglang.patch()
         assert cls.__dict__["new_tokens_required_next_decode"] is fork
-        assert "_new_tokens_required_next_decode_spec_v2" not in " ".join(handle.replaced)
+        assert "ScheduleBatch._new_tokens_required_next_decode_spec_v2" in handle.replaced
         handle.undo()
 
 
-def test_unknown_release_shape_is_left_alone():
+def test_a_missing_method_leaves_the_others_compiled():
     with standin_tree(NEWEST) as tree:
         del tree.batch_class._new_tokens_required_next_decode_spec_v2
-        with pytest.warns(RuntimeWarning, match="release before 0.5.11, or a fork"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
             handle = kvest.sglang.patch()
-        assert not [r for r in handle.replaced if r.startswith("ScheduleBatch")]
+        assert "ScheduleBatch.new_tokens_required_next_decode" in handle.replaced
+        spot = kvest.sglang.status()["hotspots"]["_new_tokens_required_next_decode_spec_v2"]
+        assert spot["state"] == "absent"
+        handle.undo()
 
 
 def test_patch_rebinds_importers_and_undo_restores_everything():
@@ -98,16 +105,6 @@ def test_patch_twice_replaces_once():
         first.undo()
         assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is \
             patched.__kvest_original__
-
-
-def test_code_features_leave_the_docstring_out():
-    def f(r):
-        """a docstring"""
-        return sum(x.kv_committed_len for x in r) + 2
-
-    names, consts = code_features(f)
-    assert {"sum", "kv_committed_len"} <= names
-    assert "a docstring" not in consts and 2 in consts
 
 
 CALLER_OK = """

@@ -1,0 +1,322 @@
+"""The glue between a matched pattern and kvest's kernels.
+
+Each ``make_*`` returns the function a rewritten statement calls with the
+pattern's inputs and the global names the statement reads.  It answers only
+when everything is as the kernel was proven for -- the builtins and helpers
+are the objects kvest checked, scalars are exact Python ints, the requests an
+exact list or tuple, every length an exact int the kernel reads -- and raises
+:class:`~kvest.sglang.rewrite.Declined` otherwise, so upstream's own statement
+runs and gives upstream's answer or exception.  The counters of
+:mod:`kvest.sglang.monitor` say how often each happened.
+
+Whole-function replacements (``get_num_new_pages``, and
+``page_aligned_decode_alloc_lens`` for callers that turn its lists straight
+into int32 tensors) wrap the original the same way: kvest answers or the
+original runs.
+"""
+
+from __future__ import annotations
+
+import builtins
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import kvest
+from kvest.sglang import monitor
+from kvest.sglang.patterns import Pattern
+from kvest.sglang.rewrite import Declined
+
+__all__ = ["GLUE", "make_alloc_lens_int32", "make_num_new_pages"]
+
+_SUM, _MAX, _ENUMERATE, _ZIP = builtins.sum, builtins.max, builtins.enumerate, builtins.zip
+_SEQUENCES = (list, tuple)
+_INT_LIMITS = {np.dtype(np.int64): 2**63 - 1, np.dtype(np.int32): 2**31 - 1}
+
+
+def _strict() -> dict[str, bool]:
+    """Ask the request kernels to refuse any length that is not exactly an
+    ``int`` (SGLang's arithmetic on other types may differ), where they can."""
+    try:
+        parameters = inspect.signature(kvest.decode_new_tokens_from_reqs).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"exact_ints": True} if "exact_ints" in parameters else {}
+
+
+STRICT = _strict()
+
+
+def _first_call() -> None:
+    if not monitor.STATE.announced:
+        monitor.announce()
+
+
+def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
+                      ) -> Callable[..., Any]:
+    """``n = sum(1 for r in requests if <C> % page_size == 0)``: pages, not tokens."""
+    kernel, layout, spot = kvest.decode_new_tokens_from_reqs, pattern.layout, monitor.spot(name)
+
+    def decode_count(requests: Any, page_size: Any, sum_: Any) -> int:
+        _first_call()
+        if sum_ is _SUM and type(requests) in _SEQUENCES and type(page_size) is int \
+                and page_size >= 1:
+            try:
+                tokens = kernel(requests, page_size, layout=layout, **STRICT)
+            except Exception:
+                pass
+            else:
+                spot.kernel += 1
+                return tokens // page_size
+        spot.fallbacks += 1
+        raise Declined
+
+    return decode_count
+
+
+def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
+                       ) -> Callable[..., Any]:
+    """``for r in requests: total += ceil_align(max(A, C + R), p) - ceil_align(A, p)``
+    (as upstream spells it), R being ``reserve_factor`` times the reserve read."""
+    kernel, layout, spot = kvest.spec_v2_new_tokens_from_reqs, pattern.layout, monitor.spot(name)
+    factor = pattern.reserve_factor
+    ceil_align, ceil_div = checked["ceil_align"], checked["ceil_div"]
+    home = ceil_align.__globals__
+
+    def spec_v2_total(total: Any, requests: Any, page_size: Any, reserve: Any, max_: Any,
+                      ceil_align_: Any) -> int:
+        _first_call()
+        if (max_ is _MAX and ceil_align_ is ceil_align and home.get("ceil_div") is ceil_div
+                and type(total) is int and type(requests) in _SEQUENCES
+                and type(page_size) is int and page_size >= 1 and type(reserve) is int
+                and reserve >= 0):
+            try:
+                tokens = kernel(requests, page_size, factor * reserve, layout=layout, **STRICT)
+            except Exception:
+                pass
+            else:
+                spot.kernel += 1
+                return total + tokens
+        spot.fallbacks += 1
+        raise Declined
+
+    return spec_v2_total
+
+
+def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Callable[..., Any]:
+    """``return sum(r.beam_group.num_member_rows for r in reqs if r.beam_group is not None)``."""
+    kernel, spot = kvest.beam_member_rows_from_reqs, monitor.spot(name)
+
+    def beam_rows(reqs: Any, sum_: Any) -> int:
+        _first_call()
+        if sum_ is _SUM and type(reqs) in _SEQUENCES:
+            try:
+                rows = kernel(reqs, **STRICT)
+            except Exception:
+                pass
+            else:
+                spot.kernel += 1
+                return rows
+        spot.fallbacks += 1
+        raise Declined
+
+    return beam_rows
+
+
+def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
+                         ) -> Callable[..., Any]:
+    """The loop filling ``cur[i] = A``, ``nxt[i] = max(A, ceil_align(C + R, p))``
+    and adding ``nxt - cur`` to a total: the plan kernel, then the two lists
+    written whole (only once every value is known)."""
+    kernel, layout, spot = kvest.decode_alloc_plan_from_reqs, pattern.layout, monitor.spot(name)
+
+    def alloc_lens_loop(reqs: Any, reserve: Any, page_size: Any, cur: Any, nxt: Any,
+                        total: Any, enumerate_: Any, max_: Any) -> int:
+        _first_call()
+        if (enumerate_ is _ENUMERATE and max_ is _MAX and type(reqs) in _SEQUENCES
+                and type(cur) is list and type(nxt) is list
+                and len(cur) == len(reqs) == len(nxt) and type(total) is int
+                and type(page_size) is int and page_size >= 1 and type(reserve) is int
+                and reserve >= 0):
+            try:
+                plan = kernel(reqs, page_size, reserve, page_aligned=True, layout=layout,
+                              **STRICT)
+            except Exception:
+                pass
+            else:
+                if len(plan.cur) == len(cur):  # the requests did not change meanwhile
+                    cur[:] = plan.cur.tolist()
+                    nxt[:] = plan.nxt.tolist()
+                    spot.kernel += 1
+                    return total + plan.num_tokens
+        spot.fallbacks += 1
+        raise Declined
+
+    return alloc_lens_loop
+
+
+# ------------------------------------------------------------------ loops that write
+
+def _writer(name: str) -> Callable[..., Any] | None:
+    return getattr(kvest, name, None)
+
+
+_NESTED_LENGTHS = (("kv", "kv_allocated_len"), ("kv", "kv_committed_len"))
+
+
+def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
+                          ) -> Callable[..., Any]:
+    """``for req in owner.reqs: req.kv.kv_allocated_len += d; req.kv.kv_committed_len += d``.
+
+    kvest's writer keeps the loop's every semantic (Python's ``+=`` on whatever
+    the values are, properties and ``__setattr__`` taken as ``setattr`` takes
+    them, the same requests written before an exception), so once it has
+    started it never hands back: upstream's loop runs only if the writer is
+    missing."""
+    add, spot = _writer("add_to_attrs"), monitor.spot(name)
+
+    def add_lengths_loop(owner: Any, delta: Any) -> None:
+        _first_call()
+        if add is None:
+            spot.fallbacks += 1
+            raise Declined
+        reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
+        spot.kernel += 1
+        add(reqs, _NESTED_LENGTHS, delta)
+
+    return add_lengths_loop
+
+
+def make_decode_batch_idx_loop(pattern: Pattern, name: str, checked: dict[str, Any]
+                               ) -> Callable[..., Any]:
+    """``for r in owner.reqs: r.decode_batch_idx += 1`` (semantics as above)."""
+    add, spot = _writer("add_to_attrs"), monitor.spot(name)
+    paths = (("decode_batch_idx",),)
+
+    def decode_batch_idx_loop(owner: Any) -> None:
+        _first_call()
+        if add is None:
+            spot.fallbacks += 1
+            raise Declined
+        reqs = owner.reqs
+        spot.kernel += 1
+        add(reqs, paths, 1)
+
+    return decode_batch_idx_loop
+
+
+def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
+                            ) -> Callable[..., Any]:
+    """``for req, v in zip(reqs, values, strict=True): req.kv.kv_allocated_len =
+    max(req.kv.kv_allocated_len, v)`` (semantics as above; ``zip`` and ``max``
+    must be the builtins)."""
+    raise_to, spot = _writer("max_into_attr"), monitor.spot(name)
+    path = ("kv", "kv_allocated_len")
+
+    def max_allocated_loop(reqs: Any, values: Any, zip_: Any, max_: Any) -> None:
+        _first_call()
+        if raise_to is None or zip_ is not _ZIP or max_ is not _MAX:
+            spot.fallbacks += 1
+            raise Declined
+        spot.kernel += 1
+        raise_to(reqs, path, values, strict=True)
+
+    return max_allocated_loop
+
+
+GLUE: dict[str, tuple[Callable[..., Any], tuple[str, ...], str | None]] = {
+    # kind: (glue maker, the roles passed in order, the role bound (None: returned))
+    "decode_count": (make_decode_count, ("requests", "page_size"), "target"),
+    "spec_v2_total": (make_spec_v2_total, ("total", "requests", "page_size", "reserve"),
+                      "total"),
+    "beam_rows": (make_beam_rows, ("reqs",), None),
+    "alloc_lens_loop": (make_alloc_lens_loop,
+                        ("reqs", "reserve", "page_size", "cur", "nxt", "total"), "total"),
+    # the loops that write to requests: a statement that binds nothing
+    "add_lengths_loop": (make_add_lengths_loop, ("owner", "delta"), ""),
+    "decode_batch_idx_loop": (make_decode_batch_idx_loop, ("owner",), ""),
+    "max_allocated_loop": (make_max_allocated_loop, ("reqs", "values"), ""),
+}
+# Hot spots whose patterns write to requests: never run twice (shadow mode
+# leaves them to upstream).
+WRITERS = frozenset({"add_lengths_loop", "decode_batch_idx_loop", "max_allocated_loop"})
+
+
+# ------------------------------------------------------------------ whole functions
+
+def make_num_new_pages(original: Callable[..., Any], tensor: type, name: str
+                       ) -> Callable[..., Any]:
+    """``get_num_new_pages`` on kvest for int32/int64 CPU tensors.
+
+    The tensors are read through ``Tensor.numpy()`` (no copy; kvest never
+    imports torch).  Upstream computes in the tensors' own dtype, so where its
+    ``seq_lens + page_size - 1`` would wrap around -- or anything else is
+    unusual: other dtypes, shapes, devices, page sizes -- the original answers.
+    """
+    pages, limits, spot = kvest.num_new_pages, _INT_LIMITS, monitor.spot(name)
+
+    def get_num_new_pages(seq_lens: Any, page_size: Any, prefix_lens: Any = None,
+                          decode: Any = False) -> Any:
+        _first_call()
+        try:
+            if type(seq_lens) is tensor and type(page_size) is int and page_size >= 1 \
+                    and type(decode) is bool:
+                seq = seq_lens.numpy()
+                limit = limits.get(seq.dtype)
+                if limit is not None and page_size <= limit and seq.ndim == 1:
+                    if decode:
+                        result = pages(seq, page_size, decode=True)
+                        spot.kernel += 1
+                        return result
+                    if type(prefix_lens) is tensor:
+                        prefix = prefix_lens.numpy()
+                        prefix_limit = limits.get(prefix.dtype)
+                        if prefix_limit is not None and page_size <= prefix_limit and (
+                                page_size == 1 or (
+                                    _at_most(seq, limit - page_size + 1)
+                                    and _at_most(prefix, prefix_limit - page_size + 1))):
+                            result = pages(seq, page_size, prefix)
+                            spot.kernel += 1
+                            return result
+        except Exception:
+            pass
+        spot.fallbacks += 1
+        return original(seq_lens, page_size, prefix_lens, decode)
+
+    return get_num_new_pages
+
+
+def _at_most(values: np.ndarray, bound: int) -> bool:
+    return values.size == 0 or int(values.max()) <= bound
+
+
+def make_alloc_lens_int32(original: Callable[..., Any], layout: str | None, name: str
+                          ) -> Callable[..., Any]:
+    """``page_aligned_decode_alloc_lens`` as int32 arrays, one pass over the requests.
+
+    Only for callers that turn the two lists straight into int32 tensors (read
+    from their source): ``torch.tensor(array, dtype=torch.int32)`` makes the
+    same tensor without a Python loop.  A length that does not fit int32 makes
+    kvest decline, and the original's lists go to the caller, whose
+    ``torch.tensor`` then fails as it always did.
+    """
+    plan, int32, spot = kvest.decode_alloc_plan_from_reqs, np.int32, monitor.spot(name)
+
+    def page_aligned_decode_alloc_lens(reqs: Any, *, reserve: Any, page_size: Any) -> Any:
+        _first_call()
+        if type(reqs) in _SEQUENCES and type(reserve) is int and reserve >= 0 \
+                and type(page_size) is int and page_size >= 1:
+            try:
+                result = plan(reqs, page_size, reserve, page_aligned=True, dtype=int32,
+                              layout=layout, **STRICT)
+            except Exception:
+                pass
+            else:
+                spot.kernel += 1
+                return result.cur, result.nxt, result.num_tokens
+        spot.fallbacks += 1
+        return original(reqs, reserve=reserve, page_size=page_size)
+
+    return page_aligned_decode_alloc_lens

@@ -1,0 +1,371 @@
+"""Find kvest's patterns inside SGLang's own functions and swap them for kernels.
+
+For a running function, :func:`analyse` reads its source, proves the source is
+the code that runs (compiled again, the code objects must be equal), and
+finds every statement whose fingerprint is a pattern kvest ships.  A pattern
+counts only if the loop's own variables are not read elsewhere in the
+function and the function does not read its own frame (``locals()``,
+``vars()``, ``eval``, ``exec``).  :func:`rebuild` then compiles the function
+again from that source with each matched statement ``S`` replaced by::
+
+    try:
+        <what S binds> = <kernel>(<S's inputs>, <the global names S reads>)
+    except Declined:
+        S
+
+so everything else in the function is upstream's, byte for byte, and
+whenever the kernel declines an input upstream's own statement runs.  The
+global names (``sum``, ``max``, ``ceil_align``) are evaluated where ``S``
+would evaluate them and handed to the kernel, which declines unless they are
+the objects it checked.  A statement that looks like a pattern but differs is
+left alone, with what differs (:func:`near_misses`).
+"""
+
+from __future__ import annotations
+import __future__
+
+import ast
+import copy
+import dataclasses
+import linecache
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kvest.sglang import fingerprint, patterns
+from kvest.sglang.patterns import Pattern
+
+__all__ = ["Analysis", "Declined", "Found", "Unreadable", "analyse", "module_imports", "rebuild"]
+
+_FUTURE_FLAGS = 0
+for _name in __future__.all_feature_names:
+    _FUTURE_FLAGS |= getattr(__future__, _name).compiler_flag
+_FRAME_READERS = frozenset({"locals", "vars", "eval", "exec", "globals"})
+
+
+class Declined(Exception):
+    """Raised by a kernel's glue: upstream's own statement answers instead."""
+
+
+class Unreadable(Exception):
+    """The function's source cannot be proven to be the code that runs."""
+
+
+@dataclasses.dataclass
+class Found:
+    """A statement of the function that equals ``pattern``."""
+
+    pattern: Pattern
+    stmt: ast.stmt
+    print: fingerprint.Print
+
+    def name(self, role: str) -> str:
+        """The function's own name for the pattern's variable ``role``."""
+        return self.print.names[self.pattern.roles[role]]
+
+
+@dataclasses.dataclass
+class Analysis:
+    fn: types.FunctionType
+    node: ast.FunctionDef
+    filename: str
+    owner: str | None  # the class of a method
+    imports: list[ast.stmt]  # the module's import statements (compiled along)
+    found: list[Found]
+    notes: list[str]  # why a statement that looks like a pattern was left alone
+    candidates: int = 0  # statements of the kinds' shape found (matched or not)
+
+
+def module_imports(tree: ast.Module) -> list[ast.stmt]:
+    """The module's own import statements: the compiler treats ``name.attr(...)``
+    differently when ``name`` is bound by a module-level import (3.11's
+    LOAD_ATTR instead of LOAD_METHOD), so they are compiled along (never run)."""
+    found: list[ast.stmt] = []
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            # (``from __future__`` is a compiler flag, carried by the code's flags)
+            if not any(alias.name == "*" for alias in node.names) and not (
+                    isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+                found.append(node)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stack.extend(n for n in ast.iter_child_nodes(node) if isinstance(n, ast.stmt))
+    return found
+
+
+def _source(fn: types.FunctionType) -> tuple[ast.FunctionDef, str, str | None,
+                                             list[ast.stmt]]:
+    code = fn.__code__
+    filename = code.co_filename
+    linecache.checkcache(filename)
+    text = "".join(linecache.getlines(filename, fn.__globals__))
+    if not text:
+        raise Unreadable(f"no source for {filename}")
+    try:
+        tree = ast.parse(text, filename)
+    except SyntaxError as exc:
+        raise Unreadable(f"{filename} does not parse: {exc}") from None
+    qual = fn.__qualname__.split(".")
+    owner = qual[-2] if len(qual) >= 2 and qual[-2] != "<locals>" else None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == code.co_name:
+            first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            if code.co_firstlineno in (first, node.lineno):
+                return node, filename, owner, module_imports(tree)
+    raise Unreadable(f"{fn.__qualname__} is not at line {code.co_firstlineno} of {filename}")
+
+
+def _compile(node: ast.FunctionDef, filename: str, owner: str | None, flags: int,
+             imports: list[ast.stmt], factory_args: tuple[str, ...] | None = None
+             ) -> types.CodeType:
+    """The code object of ``node`` compiled as it was (inside a class of the
+    same name for a method, so private names are mangled alike), optionally
+    inside a factory whose parameters become the function's free variables."""
+    inner: ast.stmt = node
+    if factory_args is not None:
+        inner = ast.FunctionDef(
+            name="__kvest_factory__",
+            args=ast.arguments(posonlyargs=[], args=[ast.arg(a) for a in factory_args],
+                               kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=[node, ast.Return(ast.Name(node.name, ast.Load()))], decorator_list=[])
+    if owner is not None:
+        inner = ast.ClassDef(name=owner, bases=[], keywords=[], body=[inner], decorator_list=[])
+    never = ast.If(ast.Constant(False), imports, []) if imports else ast.Pass()
+    module = ast.Module(body=[never, inner], type_ignores=[])
+    ast.copy_location(inner, node)
+    ast.fix_missing_locations(module)
+    code = compile(module, filename, "exec", flags=flags, dont_inherit=True)
+    found = _code_named(code, node.name, node.lineno)
+    if found is None:
+        raise Unreadable(f"compiling {node.name} again did not give its code")
+    return found
+
+
+def _code_named(code: types.CodeType, name: str, lineno: int) -> types.CodeType | None:
+    """The code object compiled for the function ``name`` (the only function of
+    that name in the module :func:`_compile` builds, but for nested ones)."""
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            if const.co_name == name:
+                return const
+            deeper = _code_named(const, name, lineno)
+            if deeper is not None:
+                return deeper
+    return None
+
+
+def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    fields = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars",
+              "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_flags")
+    if any(getattr(a, f) != getattr(b, f) for f in fields) or len(a.co_consts) != len(
+            b.co_consts):
+        return False
+    for x, y in zip(a.co_consts, b.co_consts, strict=True):
+        if isinstance(x, types.CodeType) or isinstance(y, types.CodeType):
+            if not (isinstance(x, types.CodeType) and isinstance(y, types.CodeType)
+                    and _same_code(x, y)):
+                return False
+        elif type(x) is not type(y) or x != y:
+            return False
+    return True
+
+
+def _names_in(node: ast.AST) -> Iterator[str]:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            yield sub.id
+
+
+def analyse(fn: Any, kinds: list[str]) -> Analysis:
+    """Read ``fn`` and find the patterns of ``kinds`` in it (raises
+    :class:`Unreadable` where its source is not provably its code)."""
+    if not isinstance(fn, types.FunctionType):
+        raise Unreadable(f"{fn!r} is not a plain function")
+    node, filename, owner, imports = _source(fn)
+    flags = fn.__code__.co_flags & _FUTURE_FLAGS
+    if not _same_code(_compile(node, filename, owner, flags, imports), fn.__code__):
+        raise Unreadable(f"the source of {fn.__qualname__} in {filename} is not the code "
+                         "that runs (the file changed after import, or the function was "
+                         "made some other way)")
+    analysis = Analysis(fn, node, filename, owner, imports, [], [])
+    if any(isinstance(n, ast.Name) and n.id in _FRAME_READERS for n in ast.walk(node)):
+        analysis.notes.append(f"{fn.__qualname__} reads its own frame; left alone")
+        return analysis
+    local = fingerprint.function_locals(node)
+    for kind in kinds:
+        accepted = {p.digest: p for p in patterns.by_kind(kind)}
+        select = patterns.SELECT[kind]
+        if select is None:
+            whole = fingerprint.print_function(node)
+            pattern = accepted.get(whole.digest)
+            if pattern is not None:
+                analysis.found.append(Found(pattern, node, whole))
+            else:
+                analysis.notes.append(_near_miss(fn, whole, accepted, node))
+            continue
+        candidates = [s for s in fingerprint.statements(node.body) if select(s)]
+        analysis.candidates += len(candidates)
+        hits = []
+        misses = []
+        for stmt in candidates:
+            printed = fingerprint.print_statement(stmt, local)
+            pattern = accepted.get(printed.digest)
+            if pattern is None:
+                misses.append((printed, stmt))
+                continue
+            leak = _scratch_used_elsewhere(node, stmt, pattern, printed)
+            if leak:
+                analysis.notes.append(
+                    f"{fn.__qualname__}: the {kind} loop at line {stmt.lineno} equals "
+                    f"pattern {pattern.id}, but its variable {leak!r} is used outside it; "
+                    "left alone")
+                continue
+            hits.append(Found(pattern, stmt, printed))
+        analysis.found += hits
+        if not candidates:
+            analysis.notes.append(f"{fn.__qualname__}: no {kind} statement here")
+        if not hits:
+            for printed, stmt in misses:
+                analysis.notes.append(_near_miss(fn, printed, accepted, stmt))
+    return analysis
+
+
+def _scratch_used_elsewhere(fn: ast.FunctionDef, stmt: ast.stmt, pattern: Pattern,
+                            printed: fingerprint.Print) -> str | None:
+    """A name the statement binds for itself (a loop variable) that the rest of
+    the function reads: the kernel would not bind it."""
+    kept = {printed.names[c] for c in pattern.roles.values()}
+    bound = {n.id for n in ast.walk(stmt)
+             if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} - kept
+    inside = {id(n) for n in ast.walk(stmt)}
+    for other in _same_scope_names(fn, bound):
+        if id(other) not in inside:
+            return other.id
+    return None
+
+
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _same_scope_names(fn: ast.FunctionDef, names: set[str]) -> Iterator[ast.Name]:
+    """The uses of ``names`` in ``fn`` that are ``fn``'s own variables: not
+    those of a comprehension, lambda or nested function that binds the name
+    itself (a nested scope that only reads it reads ``fn``'s)."""
+    stack: list[tuple[ast.AST, frozenset[str]]] = [(c, frozenset()) for c in
+                                                  ast.iter_child_nodes(fn)]
+    while stack:
+        node, shadowed = stack.pop()
+        if isinstance(node, _COMPREHENSIONS):
+            shadowed = shadowed | {n.id for g in node.generators for n in ast.walk(g.target)
+                                   if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            shadowed = shadowed | fingerprint.function_locals(node)  # type: ignore[arg-type]
+        if isinstance(node, ast.Name) and node.id in names and node.id not in shadowed:
+            yield node
+        stack.extend((child, shadowed) for child in ast.iter_child_nodes(node))
+
+
+def _near_miss(fn: Any, got: fingerprint.Print, accepted: dict[str, Pattern],
+               node: ast.AST) -> str:
+    """Why ``got`` is not one of ``accepted``: the nearest pattern and where it differs."""
+    if not accepted:
+        return f"{fn.__qualname__}: kvest ships no pattern for it; left alone"
+
+    def agreement(p: Pattern) -> int:
+        return sum(got.nodes.get(path) == digest for path, digest in p.nodes.items())
+
+    nearest = max(accepted.values(), key=agreement)
+    path = fingerprint.first_difference(got, nearest.nodes) or ""
+    # A lone name or constant says little: show the expression around it.
+    while path and isinstance(got.at.get(path), (ast.Name, ast.Constant, ast.operator,
+                                                ast.cmpop, ast.boolop, ast.unaryop)):
+        path = path.rsplit("/", 1)[0]
+    where = got.at.get(path, node)
+    try:
+        text = ast.unparse(where)
+    except Exception:  # pragma: no cover - unparse handles every node ast makes
+        text = type(where).__name__
+    if len(text) > 120:
+        text = text[:117] + "..."
+    line = getattr(where, "lineno", getattr(node, "lineno", "?"))
+    return (f"{fn.__qualname__}: line {line} differs from kvest's pattern {nearest.id} "
+            f"(seen in {nearest.seen()}) at `{text}`; left alone")
+
+
+# ------------------------------------------------------------------ rebuilding
+
+@dataclasses.dataclass
+class Swap:
+    """How one found statement is replaced: the kernel's glue (called with the
+    pattern's inputs, then the global names it reads) and what it binds."""
+
+    found: Found
+    glue: Callable[..., Any]
+    inputs: tuple[str, ...]  # roles passed, in order
+    # the role assigned from the glue's result; None: ``return`` it; "": neither
+    binds: str | None
+
+
+def rebuild(analysis: Analysis, swaps: list[Swap]) -> types.FunctionType:
+    """``analysis.fn`` compiled again with each swap made (see the module docstring)."""
+    fn = analysis.fn
+    node = copy.deepcopy(analysis.node)
+    node.decorator_list = []  # already applied to the function running; not re-run
+    cells: dict[str, Any] = {"__kvest_declined__": Declined}
+    by_position = {}
+    for index, swap in enumerate(swaps):
+        cell = f"__kvest_glue{index}__"
+        cells[cell] = swap.glue
+        stmt = swap.found.stmt
+        by_position[(stmt.lineno, stmt.col_offset, stmt.end_lineno, stmt.end_col_offset)] = (
+            swap, cell)
+
+    class Swapper(ast.NodeTransformer):
+        def generic_visit(self, node: ast.AST) -> ast.AST:
+            key = (getattr(node, "lineno", None), getattr(node, "col_offset", None),
+                   getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None))
+            hit = by_position.get(key) if isinstance(node, ast.stmt) else None
+            if hit is None:
+                return super().generic_visit(node)
+            swap, cell = hit
+            found = swap.found
+            args: list[ast.expr] = [ast.Name(found.name(r), ast.Load()) for r in swap.inputs]
+            args += [ast.Name(g, ast.Load()) for g in found.pattern.globals]
+            call = ast.Call(ast.Name(cell, ast.Load()), args, [])
+            first: ast.stmt
+            if swap.binds is None:
+                first = ast.Return(call)
+            elif not swap.binds:
+                first = ast.Expr(call)
+            else:
+                first = ast.Assign([ast.Name(found.name(swap.binds), ast.Store())], call)
+            handler = ast.ExceptHandler(ast.Name("__kvest_declined__", ast.Load()), None,
+                                        [node])
+            new = ast.Try(body=[first], handlers=[handler], orelse=[], finalbody=[])
+            ast.copy_location(first, node)
+            ast.copy_location(new, node)
+            return ast.fix_missing_locations(new)
+
+    node = Swapper().visit(node)
+    flags = fn.__code__.co_flags & _FUTURE_FLAGS
+    original_free = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
+    code = _compile(node, analysis.filename, analysis.owner, flags, analysis.imports,
+                    factory_args=tuple(cells) + tuple(original_free))
+    closure = []
+    for name in code.co_freevars:
+        if name in cells:
+            closure.append(types.CellType(cells[name]))
+        elif name in original_free:
+            closure.append(original_free[name])
+        else:
+            raise Unreadable(f"{fn.__qualname__}: free variable {name!r} has no value")
+    new = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__,
+                             tuple(closure))
+    new.__kwdefaults__ = copy.copy(fn.__kwdefaults__)
+    new.__dict__.update(fn.__dict__)
+    new.__annotations__ = fn.__annotations__
+    new.__module__ = fn.__module__
+    new.__doc__ = fn.__doc__
+    new.__qualname__ = fn.__qualname__
+    return new

@@ -1,0 +1,381 @@
+"""kvest replaces only code it matched exactly, and keeps the kernel when SGLang
+edits around it: a release's own files, edited, in both directions.
+
+Each case copies the newest release's files, makes one edit of the kind a
+later release or a fork makes, and runs ``kvest.sglang.patch()`` on stand-in
+modules built from the edited files.  An edit inside a loop kvest compiles
+must leave that hot spot to upstream, with a warning naming the function and
+what differs, and kvest's answers must be the edited code's.  An edit around
+the loop must keep the kernel, exact against the edited function.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import types
+import warnings
+
+import pytest
+from sglang_standins import request_class
+from upstream import check_required, releases
+
+import kvest.sglang
+from kvest.sglang import fingerprint, monitor, patterns, rewrite
+from kvest.sglang.upstream import FILES, Config, SourceTree, standin_tree
+
+RELEASES = [t for t in releases() if t.exists("sglang/srt/beam_search/batch_tail.py")]
+check_required(releases())
+if not RELEASES:
+    pytest.skip("no sglang release 0.5.19+ available", allow_module_level=True)
+NEWEST = RELEASES[-1]
+
+BATCH = "sglang/srt/managers/schedule_batch.py"
+COMMON = "sglang/srt/utils/common.py"
+SIZING = "sglang/srt/mem_cache/allocation_sizing.py"
+BEAM = "sglang/srt/beam_search/batch_tail.py"
+
+
+class Tensor:
+    """Enough of a CPU tensor for get_num_new_pages, in both implementations:
+    upstream's torch arithmetic and kvest's ``.numpy()`` read."""
+
+    def __init__(self, values):
+        import numpy as np
+
+        self.values = np.asarray(values, dtype=np.int64)
+        self.device = "cpu"
+
+    def numpy(self):
+        return self.values
+
+    def _wrap(self, other, op):
+        other = other.values if isinstance(other, Tensor) else other
+        return Tensor(op(self.values, other))
+
+    def __add__(self, other):
+        return self._wrap(other, lambda a, b: a + b)
+
+    def __sub__(self, other):
+        return self._wrap(other, lambda a, b: a - b)
+
+    def __floordiv__(self, other):
+        return self._wrap(other, lambda a, b: a // b)
+
+    def __mod__(self, other):
+        return self._wrap(other, lambda a, b: a % b)
+
+    def __eq__(self, other):  # type: ignore[override]
+        return self._wrap(other, lambda a, b: a == b)
+
+    def int(self):
+        return Tensor(self.values.astype("int64"))
+
+    def sum(self):
+        return Tensor(self.values.sum())
+
+    def to(self, dtype):
+        return self
+
+    def item(self):
+        return int(self.values)
+
+
+TORCH = types.SimpleNamespace(Tensor=Tensor, device=lambda name: name, int64="int64",
+                              sum=lambda t: t.sum())
+
+
+def _edited_tree(tmp_path, rel: str, old: str, new: str) -> SourceTree:
+    for name in FILES:
+        if NEWEST.exists(name):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(NEWEST.path(name), tmp_path / name)
+    path = tmp_path / rel
+    text = path.read_text()
+    assert text.count(old) == 1, f"the edit {old!r} is not unique in {rel}"
+    path.write_text(text.replace(old, new))
+    return SourceTree(tmp_path, NEWEST.version)
+
+
+def _requests(tree, rng, p, n=None):
+    make = request_class(tree.layout())
+    reqs = []
+    for _ in range(rng.randint(0, 40) if n is None else n):
+        committed = rng.randint(0, 4 * p + 300)
+        reqs.append(make(committed, committed + rng.randint(0, 2 * p + 40)))
+    return reqs
+
+
+def _answers(tree, calls, seed=0):
+    """Each call's answer (or exception) over random batches and page sizes."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(60):
+        p = rng.choice([1, 3, 16, 64])
+        spec = rng.random() < 0.5
+        tree.config = Config("EAGLE" if spec else None, 3, 1, 4, p)
+        reqs = _requests(tree, rng, p)
+        batch = tree.batch(reqs, p, "EAGLE" if spec else None)
+        for call in calls:
+            try:
+                out.append(call(tree, batch, reqs, p, rng))
+            except Exception as exc:
+                out.append((type(exc).__name__, str(exc)))
+    return out
+
+
+def _estimate(tree, batch, reqs, p, rng):
+    return batch.new_tokens_required_next_decode()
+
+
+def _spec_v2(tree, batch, reqs, p, rng):
+    return batch._new_tokens_required_next_decode_spec_v2(reqs, p)
+
+
+def _alloc_lens(tree, batch, reqs, p, rng):
+    cur, nxt, total = tree.alloc_function("page_aligned_decode_alloc_lens")(
+        reqs, reserve=rng.randint(0, 200), page_size=p)
+    return list(cur), list(nxt), total
+
+
+def _pages(tree, batch, reqs, p, rng):
+    seq = [rng.randint(1, 5000) for _ in reqs]
+    prefix = [max(0, s - rng.randint(0, 300)) for s in seq]
+    fn = tree.modules["sglang.srt.utils.common"].get_num_new_pages
+    return fn(Tensor(seq), p, Tensor(prefix), rng.random() < 0.3)
+
+
+def _beam(tree, batch, reqs, p, rng):
+    fn = tree.modules["sglang.srt.beam_search.batch_tail"].num_beam_member_rows
+    for r in reqs:
+        r.beam_group = types.SimpleNamespace(num_member_rows=rng.randint(0, 5)) \
+            if rng.random() < 0.3 else None
+    return fn(reqs)
+
+
+CALLS = {
+    "new_tokens_required_next_decode": _estimate,
+    "_new_tokens_required_next_decode_spec_v2": _spec_v2,
+    "page_aligned_decode_alloc_lens": _alloc_lens,
+    "get_num_new_pages": _pages,
+    "num_beam_member_rows": _beam,
+}
+
+# (file, old, new, hot spot): arithmetic edits inside what kvest compiles.
+INSIDE = [
+    (BATCH, "% page_size == 0", "% page_size == 1", "new_tokens_required_next_decode"),
+    (BATCH, "nxt = cur + x\n", "nxt = cur + x + 1\n", "_new_tokens_required_next_decode_spec_v2"),
+    (BATCH, "x = max(0, r.kv.kv_committed_len + reserve",
+     "x = max(1, r.kv.kv_committed_len + reserve", "_new_tokens_required_next_decode_spec_v2"),
+    (COMMON, "num_pages_before = (prefix_lens + page_size - 1) // page_size",
+     "num_pages_before = prefix_lens // page_size", "get_num_new_pages"),
+    (SIZING, "num_needed_tokens += nxt - cur", "num_needed_tokens += nxt - cur + 1",
+     "page_aligned_decode_alloc_lens"),
+    (BEAM, "if r.beam_group is not None)", "if r.beam_group)", "num_beam_member_rows"),
+]
+
+# Edits around the loops: the kernels stay.
+AROUND = [
+    (BATCH, "        page_size = self.token_to_kv_pool_allocator.page_size\n        requests = (",
+     "        page_size = self.token_to_kv_pool_allocator.page_size\n"
+     "        if getattr(self, 'new_pool_kind', None) == 'x':\n"
+     "            return -1\n        requests = (", "new_tokens_required_next_decode"),
+    (BATCH, "            total += ceil_align(nxt, page_size) - ceil_align(cur, page_size)\n"
+     "        return total",
+     "            total += ceil_align(nxt, page_size) - ceil_align(cur, page_size)\n"
+     "        if total < 0:\n            raise RuntimeError('negative')\n        return total",
+     "_new_tokens_required_next_decode_spec_v2"),
+    (SIZING, '    cur_kv_lens = [0] * len(reqs)\n',
+     '    if page_size <= 0:\n        raise ValueError("page_size")\n'
+     '    cur_kv_lens = [0] * len(reqs)\n', "page_aligned_decode_alloc_lens"),
+]
+
+
+@pytest.mark.parametrize("edit", INSIDE, ids=[e[3] + ":" + e[2][:24] for e in INSIDE])
+def test_an_edit_inside_a_loop_is_left_alone_and_answers_as_edited(edit, tmp_path):
+    rel, old, new, spot = edit
+    source = _edited_tree(tmp_path, rel, old, new)
+    with standin_tree(source, torch=TORCH) as tree:
+        expected = _answers(tree, [CALLS[spot]])
+        with pytest.warns(RuntimeWarning, match=f"left unpatched: {spot}: .*differs from "
+                          "kvest's pattern") as caught:
+            handle = kvest.sglang.patch()
+        try:
+            assert monitor.status()["hotspots"][spot]["state"] == "left alone"
+            message = str(caught[0].message)
+            assert f"line {_line_of(source, rel, new)}" in message, message
+            assert _answers(tree, [CALLS[spot]]) == expected
+            # The other hot spots are still compiled.
+            states = {n: s["state"] for n, s in monitor.status()["hotspots"].items()}
+            assert sum(s == "replaced" for s in states.values()) >= 3, states
+        finally:
+            handle.undo()
+
+
+def _line_of(source: SourceTree, rel: str, text: str) -> int:
+    """The line of ``text`` (its first line) in the edited file."""
+    body = source.path(rel).read_text()
+    return body[: body.index(text.strip().splitlines()[0])].count("\n") + 1
+
+
+@pytest.mark.parametrize("edit", AROUND, ids=[e[3] for e in AROUND])
+def test_an_edit_around_a_loop_keeps_the_kernel_exact(edit, tmp_path):
+    rel, old, new, spot = edit
+    source = _edited_tree(tmp_path, rel, old, new)
+    with standin_tree(source, torch=TORCH) as tree:
+        expected = _answers(tree, [CALLS[spot]])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            handle = kvest.sglang.patch()
+        try:
+            report = monitor.status()["hotspots"][spot]
+            assert report["state"] == "replaced", report
+            assert _answers(tree, [CALLS[spot]]) == expected
+            report = monitor.status()["hotspots"][spot]
+            assert report["kernel"] > 0 and report["fallbacks"] == 0, report
+        finally:
+            handle.undo()
+
+
+@pytest.mark.parametrize("tree_source", RELEASES, ids=[t.version for t in RELEASES])
+def test_every_hot_spot_is_compiled_and_exact(tree_source):
+    with standin_tree(tree_source, torch=TORCH) as tree:
+        calls = list(CALLS.values())
+        expected = _answers(tree, calls)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            handle = kvest.sglang.patch()
+        try:
+            states = {n: s["state"] for n, s in monitor.status()["hotspots"].items()
+                      if s["state"] != "absent"}  # not loaded by the stand-ins
+            assert set(states.values()) == {"replaced"}, states
+            assert _answers(tree, calls) == expected
+            replaced = vars(tree.batch_class)["new_tokens_required_next_decode"]
+            assert "[kvest]" in repr(replaced)
+            assert replaced.__wrapped__.__qualname__.endswith("new_tokens_required_next_decode")
+        finally:
+            handle.undo()
+
+
+def test_shadow_mode_counts_mismatches_on_an_edited_kernel(tmp_path, caplog, monkeypatch):
+    """Shadow mode: upstream answers; kvest runs beside it and counts.  On the
+    release as shipped, 0 mismatches; with a kernel made wrong, every call that
+    differs is counted and the first one logged with its lengths."""
+    with standin_tree(NEWEST, torch=TORCH) as tree:
+        expected = _answers(tree, [_estimate, _spec_v2])
+        handle = kvest.sglang.patch(shadow=True)
+        try:
+            assert _answers(tree, [_estimate, _spec_v2]) == expected
+            spots = monitor.status()["hotspots"]
+            for name in ("new_tokens_required_next_decode",
+                         "_new_tokens_required_next_decode_spec_v2"):
+                assert spots[name]["state"] == "shadow"
+                assert spots[name]["shadow_calls"] > 0 and spots[name]["mismatches"] == 0
+        finally:
+            handle.undo()
+        # A wrong kernel: upstream still answers, and the mismatches are counted.
+        monkeypatch.setattr(kvest, "spec_v2_new_tokens_from_reqs", lambda *a, **k: 1)
+        handle = kvest.sglang.patch(shadow=True)
+        try:
+            with caplog.at_level(logging.WARNING, logger="kvest.sglang"):
+                assert _answers(tree, [_spec_v2]) == _answers_unpatched(tree)
+            spot = monitor.status()["hotspots"]["_new_tokens_required_next_decode_spec_v2"]
+            assert spot["mismatches"] > 0
+            assert "first mismatch" in caplog.text and "'page_size': " in spot["first_mismatch"]
+            assert "inputs (committed, allocated)" in spot["first_mismatch"]
+        finally:
+            handle.undo()
+
+
+def _answers_unpatched(tree):
+    original = vars(tree.batch_class)["_new_tokens_required_next_decode_spec_v2"].__wrapped__
+    return _answers(tree, [lambda t, b, reqs, p, rng: original(b, reqs, p)])
+
+
+@pytest.mark.parametrize(("value", "mode", "warns"), [
+    (None, "on", False), ("1", "on", False), ("on", "on", False), ("shadow", "shadow", False),
+    (" Shadow ", "shadow", False), ("0", "off", False), ("off", "off", False),
+    ("nope", "off", True), ("2", "off", True),
+])
+def test_the_switch(value, mode, warns):
+    env = {} if value is None else {"KVEST_SGLANG": value}
+    got, warning = monitor.mode(env)
+    assert got == mode
+    assert (warning is not None) == warns
+    if warns:
+        assert repr(value) in warning
+
+
+def test_the_source_must_be_the_code_that_runs(tmp_path):
+    """A function whose file no longer holds its code is left alone."""
+    path = tmp_path / "mod.py"
+    path.write_text("def f(reqs):\n    return sum(r.beam_group.num_member_rows for r in reqs"
+                    " if r.beam_group is not None)\n")
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    fn = namespace["f"]
+    assert rewrite.analyse(fn, ["beam_rows"]).found  # as shipped: found
+    path.write_text(path.read_text().replace("is not None", "is None"))
+    with pytest.raises(rewrite.Unreadable, match="not the code that runs"):
+        rewrite.analyse(fn, ["beam_rows"])
+
+
+def test_a_loop_variable_read_after_the_loop_keeps_the_loop(tmp_path):
+    """The kernel binds only what the pattern binds: a loop whose variable the
+    rest of the function reads is left alone."""
+    with standin_tree(NEWEST) as tree:
+        fn = vars(tree.batch_class)["_new_tokens_required_next_decode_spec_v2"]
+        found = rewrite.analyse(fn, ["spec_v2_total"])
+        assert [f.pattern.kind for f in found.found] == ["spec_v2_total"]
+    source = _edited_tree(tmp_path, BATCH, "            total += ceil_align(nxt, page_size) - "
+                          "ceil_align(cur, page_size)\n        return total",
+                          "            total += ceil_align(nxt, page_size) - "
+                          "ceil_align(cur, page_size)\n        return total + 0 * nxt")
+    with standin_tree(source) as tree:
+        fn = vars(tree.batch_class)["_new_tokens_required_next_decode_spec_v2"]
+        found = rewrite.analyse(fn, ["spec_v2_total"])
+        assert not found.found
+        assert any("'nxt' is used outside it" in n for n in found.notes)
+
+
+def test_a_shadowed_helper_declines(tmp_path):
+    """``ceil_align`` must be the function kvest matched: rebound in the
+    module after patching, the kernel declines and upstream's loop answers."""
+    with standin_tree(NEWEST) as tree:
+        module = tree.modules["sglang.srt.managers.schedule_batch"]
+        handle = kvest.sglang.patch()
+        try:
+            module.ceil_align = lambda x, y: 0
+            reqs = _requests(tree, random.Random(1), 16, n=8)
+            batch = tree.batch(reqs, 16, "EAGLE")
+            assert batch._new_tokens_required_next_decode_spec_v2(reqs, 16) == 0
+            spot = monitor.status()["hotspots"]["_new_tokens_required_next_decode_spec_v2"]
+            assert spot["fallbacks"] == 1 and spot["kernel"] == 0
+        finally:
+            handle.undo()
+
+
+def test_fingerprints_ignore_layout_and_see_arithmetic():
+    import ast
+
+    def printed(src):
+        fn = ast.parse(src).body[0]
+        return fingerprint.print_statement(fn.body[-1], fingerprint.function_locals(fn)).digest
+
+    base = printed("def f(a, b):\n    x = sum(1 for r in a if r.c % b == 0)")
+    assert base == printed("def g(q, w):  # renamed, reformatted\n"
+                           "    y = sum(\n        1 for s in q if s.c % w == 0\n    )")
+    assert base != printed("def f(a, b):\n    x = sum(1 for r in a if r.c % b == 1)")
+    assert base != printed("def f(a, b):\n    x = sum(1 for r in a if r.d % b == 0)")
+    assert base != printed("def f(a, b):\n    x = sum(True for r in a if r.c % b == 0)")
+
+
+def test_patterns_are_data_with_their_releases():
+    loaded = patterns.load()
+    assert {p.kind for p in loaded} >= {"decode_count", "spec_v2_total", "beam_rows",
+                                        "alloc_lens_loop", "get_num_new_pages"}
+    for pattern in loaded:
+        assert len(pattern.digest) == 64 and pattern.releases
+        assert pattern.kind in patterns.SELECT
+        assert pattern.functions
