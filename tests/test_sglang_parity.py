@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_standins import request_class
-from upstream import check_required, fallbacks, releases
+from sglang_releases import check_required, fallbacks, releases
+from sglang_standins import BeamGroup, Unpatched, request_class
 
 import kvest.sglang
-from kvest.sglang.upstream import BeamGroup, Config, Unpatched, standin_tree
+from kvest.sglang.upstream import Config, standin_tree
 
 try:
     import torch

@@ -9,7 +9,7 @@ import types
 import warnings
 
 import pytest
-from upstream import check_required, releases
+from sglang_releases import check_required, releases
 
 import kvest.sglang
 from kvest.sglang.hotspots import _int32_tensor_use

@@ -13,8 +13,8 @@ import importlib.metadata
 import logging
 
 import pytest
+from sglang_releases import check_required, fallbacks, releases
 from sglang_standins import request_class
-from upstream import check_required, fallbacks, releases
 
 import kvest.sglang
 from kvest.sglang.upstream import Config, standin_tree

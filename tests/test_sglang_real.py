@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from upstream import fallbacks
+from sglang_releases import fallbacks
+from sglang_standins import Unpatched
 
 import kvest.sglang
 from kvest._env import flag
-from kvest.sglang.upstream import Unpatched
 
 try:
     import sglang

@@ -18,8 +18,8 @@ import types
 import warnings
 
 import pytest
+from sglang_releases import check_required, releases
 from sglang_standins import request_class
-from upstream import check_required, releases
 
 import kvest.sglang
 from kvest.sglang import fingerprint, monitor, patterns, rewrite

@@ -79,7 +79,8 @@ class NestedReq:
     def __init__(self, committed: Any, allocated: Any) -> None:
         _fill(self, 0, 70)
         self.kv = ReqKvInfo(kv_committed_len=committed, kv_allocated_len=allocated)
-        _fill(self, 70, 86)
+        self.beam_group = None  # on every request since 0.5.19 (beam search's rows)
+        _fill(self, 70, 85)
 
 
 class TinyFlat:

@@ -17,6 +17,7 @@ any mismatch.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import random
 from collections import Counter
@@ -28,6 +29,64 @@ from kvest.sglang import monitor, upstream
 
 CONFIGS = [(3, 1, 4), (5, 1, 8), (3, 2, 6), (5, 4, 8), (5, 8, 64), (None, None, 4), (1, 1, 2)]
 PAGE_SIZES = [1, 16, 32, 64, 128, 256]
+
+
+# ------------------------------------------------------------------ the doctor's batches
+# Requests and batches shaped like each release's, for the self-test.
+
+@dataclasses.dataclass
+class BeamGroup:
+    """Stands in for a request's ``beam_group`` (0.5.19+)."""
+
+    num_member_rows: int
+
+
+
+
+@dataclasses.dataclass(slots=True)
+class ReqKvInfo:
+    """Stands in for ``req.kv`` (a ``slots=True`` dataclass in 0.5.19+)."""
+
+    kv_committed_len: Any = 0
+    kv_allocated_len: Any = 0
+
+
+class Req:
+    """A request with its lengths where ``layout`` (``flat``, ``mixed``, ``nested``) puts them."""
+
+    def __init__(self, layout: str, committed: Any, allocated: Any,
+                 beam_group: Any = None) -> None:
+        if layout == "flat":
+            self.kv_committed_len = committed
+            self.kv_allocated_len = allocated
+        elif layout == "mixed":
+            self.kv_committed_len = committed
+            self.kv = ReqKvInfo(kv_allocated_len=allocated)
+        else:
+            self.kv = ReqKvInfo(committed, allocated)
+        self.beam_group = beam_group
+
+
+def layout_name(layout: dict[str, str]) -> str:
+    """``StandinTree.layout()`` as kvest's ``layout=`` name."""
+    return {("flat", "flat"): "flat", ("flat", "nested"): "mixed",
+            ("nested", "nested"): "nested"}.get(
+        (layout.get("kv_committed_len", ""), layout.get("kv_allocated_len", "")), "unknown")
+
+
+class Unpatched:
+    """``batch`` as SGLang's original estimate must see it once kvest replaced
+    the spec-v2 method on the class: the original method on the instance, every
+    other attribute the batch's own.  ``original_estimate(Unpatched(batch,
+    original_spec_v2), ...)`` is then SGLang's answer end to end."""
+
+    def __init__(self, batch: Any, spec_v2: Any) -> None:
+        self.__dict__["_batch"] = batch
+        self.__dict__["_new_tokens_required_next_decode_spec_v2"] = (
+            lambda requests, page_size: spec_v2(batch, requests, page_size))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._batch, name)
 
 
 def _outcome(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
@@ -53,8 +112,8 @@ def _requests(rng: random.Random, layout: str, page_size: int, beams: bool) -> l
             allocated = rng.randint(0, committed)
         if rng.random() < 0.02:  # a corrupt length: kvest declines, upstream answers
             committed = -rng.randint(1, page_size)
-        beam = upstream.BeamGroup(rng.randint(0, 8)) if beams and rng.random() < 0.2 else None
-        reqs.append(upstream.Req(layout, committed, allocated, beam))
+        beam = BeamGroup(rng.randint(0, 8)) if beams and rng.random() < 0.2 else None
+        reqs.append(Req(layout, committed, allocated, beam))
     return reqs
 
 
@@ -62,7 +121,7 @@ def self_test(tree: upstream.StandinTree, originals: dict[str, Any], batches: in
               seed: int, torch: Any) -> tuple[Counter[str], Counter[str]]:
     """Run ``batches`` random batches; (comparisons, mismatches) per hot spot."""
     rng = random.Random(seed)
-    layout = upstream.layout_name(tree.layout())
+    layout = layout_name(tree.layout())
     beams = tree.has("beam_rows")
     eagle = tree.modules.get("sglang.srt.speculative.eagle_utils")
     alloc_lens = getattr(eagle, "page_aligned_decode_alloc_lens", None)
@@ -103,7 +162,7 @@ def self_test(tree: upstream.StandinTree, originals: dict[str, Any], batches: in
         if replaced_estimate:
             check("new_tokens_required_next_decode",
                   _outcome(originals["new_tokens_required_next_decode"],
-                           upstream.Unpatched(batch, spec_v2_original), selected),
+                           Unpatched(batch, spec_v2_original), selected),
                   _outcome(batch.new_tokens_required_next_decode, selected))
         if spec and replaced_spec_v2:
             check("_new_tokens_required_next_decode_spec_v2",
@@ -131,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvest sglang", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     # Checked as the other commands' flags are: a usage message and exit 2.
-    from kvest.cli import int_at_least
+    from kvest._args import int_at_least
 
     parser.add_argument("--batches", type=int_at_least(1), default=2000,
                         help="random batches (default 2000)")

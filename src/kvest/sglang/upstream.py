@@ -282,11 +282,6 @@ class Allocator:
     page_size: int
 
 
-@dataclasses.dataclass
-class BeamGroup:
-    num_member_rows: int
-
-
 class StandinTree:
     """Stand-in ``sglang.*`` modules built from a :class:`SourceTree`.
 
@@ -341,6 +336,9 @@ class StandinTree:
                 module.__file__ = str(self.source.path(relpath))
             if package:
                 module.__path__ = []  # type: ignore[attr-defined]
+            # As the import system gives every module: upstream code that
+            # reaches a builtin must find it, and raise its own exceptions.
+            module.__dict__["__builtins__"] = builtins
             module.__dict__.update(self._context())
             self.modules[name] = module
         return module
@@ -549,51 +547,3 @@ def _load_plugin_framework(standins: StandinTree) -> None:
     spec.loader.exec_module(module)
     standins.modules["sglang.srt.plugins.hook_registry"] = sys.modules[
         "sglang.srt.plugins.hook_registry"]
-
-
-# ------------------------------------------------------------------ requests
-
-@dataclasses.dataclass(slots=True)
-class ReqKvInfo:
-    """Stands in for ``req.kv`` (a ``slots=True`` dataclass in 0.5.19+)."""
-
-    kv_committed_len: Any = 0
-    kv_allocated_len: Any = 0
-
-
-class Req:
-    """A request with its lengths where ``layout`` (``flat``, ``mixed``, ``nested``) puts them."""
-
-    def __init__(self, layout: str, committed: Any, allocated: Any,
-                 beam_group: Any = None) -> None:
-        if layout == "flat":
-            self.kv_committed_len = committed
-            self.kv_allocated_len = allocated
-        elif layout == "mixed":
-            self.kv_committed_len = committed
-            self.kv = ReqKvInfo(kv_allocated_len=allocated)
-        else:
-            self.kv = ReqKvInfo(committed, allocated)
-        self.beam_group = beam_group
-
-
-def layout_name(layout: dict[str, str]) -> str:
-    """``StandinTree.layout()`` as kvest's ``layout=`` name."""
-    return {("flat", "flat"): "flat", ("flat", "nested"): "mixed",
-            ("nested", "nested"): "nested"}.get(
-        (layout.get("kv_committed_len", ""), layout.get("kv_allocated_len", "")), "unknown")
-
-
-class Unpatched:
-    """``batch`` as SGLang's original estimate must see it once kvest replaced
-    the spec-v2 method on the class: the original method on the instance, every
-    other attribute the batch's own.  ``original_estimate(Unpatched(batch,
-    original_spec_v2), ...)`` is then SGLang's answer end to end."""
-
-    def __init__(self, batch: Any, spec_v2: Any) -> None:
-        self.__dict__["_batch"] = batch
-        self.__dict__["_new_tokens_required_next_decode_spec_v2"] = (
-            lambda requests, page_size: spec_v2(batch, requests, page_size))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._batch, name)

@@ -1,4 +1,5 @@
-"""SGLang releases for the tests: the installed distribution and downloaded wheels.
+"""SGLang releases for the tests: the installed distribution and downloaded wheels
+(named so as not to be mistaken for :mod:`kvest.sglang.upstream`).
 
 The files are read where they are (kvest.sglang.upstream loads the functions
 with ast into stand-in modules); nothing is copied into the repository.  CI
@@ -11,9 +12,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-from request_standins import FlatReq as FlatReq
-from request_standins import NestedReq as NestedReq
 
 import kvest.sglang
 from kvest.sglang.upstream import SourceTree, installed, wheel
