@@ -15,7 +15,7 @@ import pytest
 import kvest
 from kvest import reference
 
-STUBS = ("_kernels.pyi", "_reqs.pyi")
+STUBS = ("_kernels.pyi", "_reqs.pyi", "_writes.pyi")
 
 
 def test_typed_package_files_are_installed():

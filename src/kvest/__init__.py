@@ -29,6 +29,7 @@ else:
     try:
         from kvest._kernels import *  # noqa: F403
         from kvest._reqs import *  # noqa: F403
+        from kvest._writes import *  # noqa: F403
     except ImportError as exc:
         raise ImportError(
             f"kvest's compiled kernels could not be imported ({exc}). Build and install "

@@ -1,0 +1,22 @@
+# Type stubs for the compiled request-object writers; kvest.reference._writes has the same
+# signatures.
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeAlias
+
+__all__: list[str]
+
+# A path: a dotted string ("kv.kv_allocated_len") or a tuple/list of attribute names.
+AttrPath: TypeAlias = str | tuple[str, ...] | list[str]
+
+def add_to_attrs(
+    reqs: Iterable[Any],
+    paths: AttrPath | Sequence[AttrPath],
+    delta: Any,
+) -> None: ...
+def max_into_attr(
+    reqs: Iterable[Any],
+    path: AttrPath,
+    values: Iterable[Any],
+    *,
+    strict: bool = True,
+) -> None: ...
