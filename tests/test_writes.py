@@ -31,6 +31,9 @@ from request_standins import FlatReq, NestedReq
 import kvest
 from kvest import reference
 
+# NumPy int64 values may overflow as the loop adds: both sides warn alike.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+
 IMPLS = [kvest, reference]
 IMPL_IDS = ["kvest", "reference"]
 INT64_MAX = 2**63 - 1
@@ -70,14 +73,15 @@ class Int(int):
 
 
 class LoudInt(int):
-    """An int subclass whose + is its own: logs, answers int + 1 more, and
-    raises past a bound (a lying __add__)."""
+    """An int subclass whose + is its own: an event of its world (which may
+    raise or mutate the batch), answers int + 1 more, and raises past a bound
+    (a lying __add__)."""
 
-    log: list | None = None
+    world: Any = None
 
     def __add__(self, other):
-        if self.log is not None:
-            self.log.append(("add", int(self), repr(other)))
+        if self.world is not None:
+            self.world.event(f"add {int(self)} {other!r}", "value")
         if int(self) > 10**6:
             raise ArithmeticError(f"LoudInt {int(self)} refuses")
         return LoudInt(int(self) + int(other) + 1)
@@ -118,7 +122,7 @@ value_specs = st.one_of(
 )
 
 
-def make_value(spec: tuple, log: list) -> Any:
+def make_value(spec: tuple, world: Any) -> Any:
     kind, v = spec
     if kind == "int":
         return int(v)
@@ -126,7 +130,7 @@ def make_value(spec: tuple, log: list) -> Any:
         return Int(v)
     if kind == "loud":
         loud = LoudInt(v)
-        loud.log = log
+        loud.world = world
         return loud
     if kind == "np":
         return np.int64(max(min(v, INT64_MAX), INT64_MIN))
@@ -206,7 +210,7 @@ class World:
         self.reqs_list: list = []
         classes = make_classes(self)
         for i, (outer, kvk) in enumerate(zip(spec.outer, spec.kv, strict=True)):
-            a, b = make_value(spec.a[i], self.log), make_value(spec.b[i], self.log)
+            a, b = make_value(spec.a[i], self), make_value(spec.b[i], self)
             kv = classes["kv_" + kvk](a, b, f"kv{i}")
             req = classes["req_" + outer](a, b, kv, f"r{i}")
             self.reqs_list.append(req)
@@ -450,9 +454,9 @@ def kernel_path(path: str, form: str) -> Any:
        delta=value_specs, form=st.sampled_from(["dotted", "tuple", "list"]))
 def test_add_to_attrs_is_the_loop(impl, spec, paths, delta, form):
     want_world, got_world = World(spec), World(spec)
-    want = run(add_loop(paths), want_world.reqs(), make_value(delta, want_world.log))
+    want = run(add_loop(paths), want_world.reqs(), make_value(delta, want_world))
     args = [kernel_path(p, form) for p in paths]
-    got = run(impl.add_to_attrs, got_world.reqs(), args, make_value(delta, got_world.log))
+    got = run(impl.add_to_attrs, got_world.reqs(), args, make_value(delta, got_world))
     assert got == want
     assert got_world.state() == want_world.state()
 
@@ -463,7 +467,7 @@ def test_add_to_attrs_is_the_loop(impl, spec, paths, delta, form):
        form=st.sampled_from(["dotted", "tuple", "list"]))
 def test_max_into_attr_is_the_loop(impl, spec, path, values, strict, values_as, form):
     def vals(world):
-        made = [make_value(v, world.log) for v in values]
+        made = [make_value(v, world) for v in values]
         return {"list": made, "tuple": tuple(made), "iter": iter(made),
                 "gen": (v for v in made)}[values_as]
 
@@ -588,6 +592,81 @@ def test_owner_replaced_between_read_and_store(impl):
     old = req.kv
     impl.max_into_attr([req], "kv.a", [Swapper(7)])
     assert old.a == 1 and req.kv.a == 7 and type(req.kv.a) is Swapper
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("kind", ["dict", "slots"])
+@pytest.mark.parametrize("fn", ["add", "max"])
+def test_class_changed_mid_loop(impl, kind, fn):
+    """Mid-loop, a property of the first request (add) or the first value's
+    comparison (max) puts a data descriptor on the requests' class and on their
+    req.kv's: every later read and write of the same types goes through it."""
+    def build():
+        seen = []
+
+        class KV:
+            if kind == "slots":
+                __slots__ = ("a",)
+
+            def __init__(self):
+                self.a = 1
+
+        class R:
+            if kind == "slots":
+                __slots__ = ("a", "kv")
+
+            def __init__(self):
+                self.a, self.kv = 1, KV()
+
+            @property
+            def t(self):
+                retype()
+                return 0
+
+            @t.setter
+            def t(self, value):
+                pass
+
+        def retype():
+            for klass in (R, KV):
+                if not isinstance(klass.__dict__.get("a"), property):
+                    klass.a = property(lambda self: 40, lambda self, v: seen.append(v))
+
+        class Trigger(int):
+            def __gt__(self, other):
+                retype()
+                return int(self) > other
+
+        return [R(), R(), R()], seen, [Trigger(0), 50, 0]
+
+    (want, want_seen, want_values), (got, got_seen, got_values) = build(), build()
+    if fn == "add":
+        add_loop(["a", "kv.a", "t", "a", "kv.a"])(want, 2)
+        impl.add_to_attrs(got, ("a", "kv.a", "t", "a", "kv.a"), 2)
+    else:
+        for path in ("kv.a", "a"):
+            max_loop(path)(want, want_values, True)
+            impl.max_into_attr(got, path, got_values)
+    assert got_seen == want_seen and len(want_seen) >= 4
+    assert [r.kv.a for r in got] == [r.kv.a for r in want]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_read_only_member(impl):
+    """property's fget is a read-only (T_OBJECT) member of a C type: a write
+    must raise as setattr does, not land in the slot."""
+    class P(property):
+        pass
+
+    for fn, args in ((add_loop(["fget"]), (1,)), (max_loop("fget"), ([9], True))):
+        want, got = [P(5)], [P(5)]
+        expect = run(fn, want, *args)
+        if fn.__code__.co_argcount == 2:
+            result = run(impl.add_to_attrs, got, "fget", 1)
+        else:
+            result = run(impl.max_into_attr, got, "fget", [9])
+        assert result == expect and expect[0] == "raise"
+        assert got[0].fget == 5
 
 
 # ------------------------------------------------------ heavy, release-shaped
