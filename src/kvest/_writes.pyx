@@ -30,7 +30,7 @@ cdef extern from "reqwrite.h":
     bint kw_interned(PyObject *s)
     void kw_step_init(kw_step *s, PyObject *name)
     int kw_add_all(PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
-                   Py_ssize_t npaths, PyObject *delta) except -1
+                   Py_ssize_t npaths, PyObject *delta, unsigned char *reuse) except -1
     int kw_max_all(PyObject *reqs, PyObject *values, kw_step *steps, Py_ssize_t n,
                    int strict) except -1
 
@@ -132,14 +132,18 @@ def add_to_attrs(reqs, paths, delta):
         total += len(path)
     cdef kw_step small[SMALL_STEPS]
     cdef Py_ssize_t small_ends[SMALL_PATHS]
+    cdef unsigned char small_reuse[SMALL_PATHS]
     cdef kw_step *steps = small
     cdef Py_ssize_t *ends = small_ends
+    cdef unsigned char *reuse = small_reuse
     if total > SMALL_STEPS or npaths > SMALL_PATHS:
         steps = <kw_step *>PyMem_Malloc(max(total, 1) * sizeof(kw_step))
         ends = <Py_ssize_t *>PyMem_Malloc(max(npaths, 1) * sizeof(Py_ssize_t))
-        if steps == NULL or ends == NULL:
+        reuse = <unsigned char *>PyMem_Malloc(max(npaths, 1))
+        if steps == NULL or ends == NULL or reuse == NULL:
             PyMem_Free(steps)
             PyMem_Free(ends)
+            PyMem_Free(reuse)
             raise MemoryError()
     try:
         for k in range(npaths):
@@ -148,11 +152,12 @@ def add_to_attrs(reqs, paths, delta):
                 kw_step_init(&steps[at], <PyObject *>path[j])  # norm holds the names
                 at += 1
             ends[k] = at
-        kw_add_all(<PyObject *>reqs, steps, ends, npaths, <PyObject *>delta)
+        kw_add_all(<PyObject *>reqs, steps, ends, npaths, <PyObject *>delta, reuse)
     finally:
         if steps != small:
             PyMem_Free(steps)
             PyMem_Free(ends)
+            PyMem_Free(reuse)
 
 
 def max_into_attr(reqs, path, values, *, strict=True):

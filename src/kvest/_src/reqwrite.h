@@ -61,7 +61,28 @@ typedef struct {
     unsigned char get, set; /* KW_* */
     unsigned char none_if_unset; /* T_OBJECT: an unset slot reads as None */
     Py_ssize_t offset;  /* KW_MEMBER */
+    /* KW_DICT: where the name sat in the last instance dict that had it (a
+     * PyDict_Next position), or -1.  Only a guess: a probe there counts only
+     * if the key found is the name itself. */
+    Py_ssize_t hint;
 } kw_step;
+
+/* Instances of one class build their __dict__ in the same order, so a name
+ * sits at the same position in each: hints outlive a call here, keyed by
+ * type, version tag and name (compared, never dereferenced).  A stale one
+ * costs a search, never a wrong value.  (Without a GIL every access is
+ * generic, and this table is never used.) */
+#define KW_HINT_SLOTS 16
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+    PyObject *name;
+    Py_ssize_t hint;
+} kw_hint_entry;
+static kw_hint_entry kw_hints[KW_HINT_SLOTS];
+static int kw_hints_next;
+/* Dict scans one call may still make to find a hint (each reads the whole dict). */
+static int kw_learn_budget;
 
 /* Whether a str is interned (the paths' names are, so that dict probes find
  * keys by identity and writes keep the keys the generic setattr would). */
@@ -74,6 +95,7 @@ static inline void kw_step_init(kw_step *s, PyObject *name)
 {
     memset(s, 0, sizeof(*s));
     s->name = name;
+    s->hint = -1;
 }
 
 /* Whether t's version tag is valid: 3.13 stopped setting the flag and marks
@@ -93,6 +115,7 @@ static void kw_resolve(kw_step *s, PyTypeObject *t)
     s->get = s->set = KW_GENERIC;
     s->none_if_unset = 0;
     s->offset = 0;
+    s->hint = -1;
 #ifndef Py_GIL_DISABLED
     /* A str subclass may hash and compare its own way: only the generic
      * lookups know what it means. */
@@ -124,7 +147,43 @@ static void kw_resolve(kw_step *s, PyTypeObject *t)
     if (kw_tag_valid(t)) {
         s->type = t;
         s->version = t->tp_version_tag;
+        for (int i = 0; i < KW_HINT_SLOTS; i++)
+            if (kw_hints[i].type == t && kw_hints[i].version == s->version
+                && kw_hints[i].name == s->name)
+                s->hint = kw_hints[i].hint;
     }
+#endif
+}
+
+/* Records where s->name sits in dict (which holds it) as s's hint. */
+static void kw_learn(kw_step *s, PyObject *dict)
+{
+#ifndef Py_GIL_DISABLED
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    kw_learn_budget--;
+    while (PyDict_Next(dict, &pos, &key, &value)) {
+        if (key != s->name) continue;
+        s->hint = pos - 1;
+        if (s->type == NULL) return;
+        kw_hint_entry *e = NULL;
+        for (int i = 0; i < KW_HINT_SLOTS; i++)
+            if (kw_hints[i].type == s->type && kw_hints[i].version == s->version
+                && kw_hints[i].name == s->name)
+                e = &kw_hints[i];
+        if (e == NULL) {
+            e = &kw_hints[kw_hints_next];
+            kw_hints_next = (kw_hints_next + 1) % KW_HINT_SLOTS;
+        }
+        e->type = s->type;
+        e->version = s->version;
+        e->name = s->name;
+        e->hint = s->hint;
+        return;
+    }
+#else
+    (void)s;
+    (void)dict;
 #endif
 }
 
@@ -134,8 +193,11 @@ static inline void kw_route(kw_step *s, PyTypeObject *t)
         kw_resolve(s, t);
 }
 
-/* getattr(obj, s->name): a new reference, or NULL with the exception set. */
-static inline PyObject *kw_get(kw_step *s, PyObject *obj)
+/* getattr(obj, s->name): a new reference, or NULL with the exception set.
+ * *pure is cleared unless the read ran no Python code at all (a slot, or
+ * the dict entry found at the hint), so that reading it again would give the
+ * same object. */
+static inline PyObject *kw_get(kw_step *s, PyObject *obj, int *pure)
 {
     kw_route(s, Py_TYPE(obj));
     if (s->get == KW_MEMBER) {
@@ -145,29 +207,42 @@ static inline PyObject *kw_get(kw_step *s, PyObject *obj)
     } else if (s->get == KW_DICT) {
         PyObject **dictptr = _PyObject_GetDictPtr(obj);
         if (dictptr != NULL && *dictptr != NULL) {
+            PyObject *dict = *dictptr, *key, *v;
+            Py_ssize_t pos = s->hint;
+            /* Keys are unique: the name found at the hint is the dict's entry
+             * for it.  PyDict_Next reads without running any code. */
+            if (pos >= 0 && PyDict_Next(dict, &pos, &key, &v) && key == s->name)
+                return Py_NewRef(v);
+            *pure = 0;
             /* The probe can run a colliding key's __eq__: hold the dict. */
-            PyObject *dict = Py_NewRef(*dictptr);
-            PyObject *v = PyDict_GetItemWithError(dict, s->name); /* borrowed */
+            Py_INCREF(dict);
+            v = PyDict_GetItemWithError(dict, s->name); /* borrowed */
             Py_XINCREF(v);
+            if (v != NULL && kw_learn_budget > 0) kw_learn(s, dict);
             Py_DECREF(dict);
             if (v != NULL || PyErr_Occurred()) return v;
         }
     }
+    *pure = 0;
     return PyObject_GetAttr(obj, s->name);
 }
 
-/* setattr(obj, s->name, value): 0, or -1 with the exception set. */
-static inline int kw_set(kw_step *s, PyObject *obj, PyObject *value)
+/* setattr(obj, s->name, value): 0, or -1 with the exception set.  *pure is
+ * cleared unless the write ran no Python code (a slot whose old value was
+ * NULL or an exact int, whose release runs nothing). */
+static inline int kw_set(kw_step *s, PyObject *obj, PyObject *value, int *pure)
 {
     kw_route(s, Py_TYPE(obj));
     if (s->set == KW_MEMBER) {
         /* What the member descriptor's __set__ does (PyMember_SetOne). */
         PyObject **slot = (PyObject **)((char *)obj + s->offset);
         PyObject *old = *slot;
+        if (old != NULL && !PyLong_CheckExact(old)) *pure = 0;
         *slot = Py_NewRef(value);
         Py_XDECREF(old);
         return 0;
     }
+    *pure = 0;
     if (s->set == KW_DICT) {
         PyObject **dictptr = _PyObject_GetDictPtr(obj);
         if (dictptr != NULL && *dictptr != NULL) {
@@ -182,11 +257,11 @@ static inline int kw_set(kw_step *s, PyObject *obj, PyObject *value)
 
 /* req.<steps[0]>...<steps[n-2]>: the object holding the path's last name (a
  * new reference), or NULL with the exception set. */
-static inline PyObject *kw_owner(kw_step *steps, Py_ssize_t n, PyObject *req)
+static inline PyObject *kw_owner(kw_step *steps, Py_ssize_t n, PyObject *req, int *pure)
 {
     PyObject *obj = Py_NewRef(req);
     for (Py_ssize_t i = 0; i + 1 < n; i++) {
-        PyObject *next = kw_get(&steps[i], obj);
+        PyObject *next = kw_get(&steps[i], obj, pure);
         Py_DECREF(obj);
         if (next == NULL) return NULL;
         obj = next;
@@ -218,8 +293,9 @@ static inline void kw_delta_init(kw_delta *dl, PyObject *delta)
     }
 }
 
-/* operator.iadd(v, delta), as `x.a += delta` computes it. */
-static inline PyObject *kw_iadd(PyObject *v, const kw_delta *dl)
+/* operator.iadd(v, delta), as `x.a += delta` computes it; *pure cleared
+ * when Python's operator ran (which may run any code). */
+static inline PyObject *kw_iadd(PyObject *v, const kw_delta *dl, int *pure)
 {
     if (dl->fast && PyLong_CheckExact(v)) {
         int overflow = 0;
@@ -228,33 +304,38 @@ static inline PyObject *kw_iadd(PyObject *v, const kw_delta *dl)
         if (!overflow && !(d > 0 && x > LLONG_MAX - d) && !(d < 0 && x < LLONG_MIN - d))
             return PyLong_FromLongLong(x + d);
     }
+    *pure = 0;
     return PyNumber_InPlaceAdd(v, dl->delta);
 }
 
-/* `req.<path> += delta` for one path of n steps: 0, or -1 with the exception set. */
-static inline int kw_add_path(kw_step *steps, Py_ssize_t n, PyObject *req, const kw_delta *dl)
+/* `req.<path> += delta` for one path of n steps: 0, or -1 with the exception
+ * set.  *owner is the object holding the last name: taken as given when
+ * reuse is set (the previous path had the same names up to there, and no
+ * Python code has run since it was read, so reading them again would give
+ * it), read afresh otherwise.  On return *owner holds it (a new reference,
+ * or NULL) and *pure says whether no Python code has run since it was read. */
+static inline int kw_add_path(kw_step *steps, Py_ssize_t n, PyObject *req, const kw_delta *dl,
+                              PyObject **owner, int reuse, int *pure)
 {
-    PyObject *obj = kw_owner(steps, n, req);
-    if (obj == NULL) return -1;
-    PyObject *v = kw_get(&steps[n - 1], obj);
-    if (v == NULL) {
-        Py_DECREF(obj);
-        return -1;
+    if (!(reuse && *owner != NULL && *pure)) {
+        Py_CLEAR(*owner);
+        *pure = 1;
+        *owner = kw_owner(steps, n, req, pure);
+        if (*owner == NULL) return -1;
     }
-    PyObject *sum = kw_iadd(v, dl);
+    PyObject *obj = *owner;
+    PyObject *v = kw_get(&steps[n - 1], obj, pure);
+    if (v == NULL) return -1;
+    PyObject *sum = kw_iadd(v, dl, pure);
     Py_DECREF(v);
-    if (sum == NULL) {
-        Py_DECREF(obj);
-        return -1;
-    }
-    int rc = kw_set(&steps[n - 1], obj, sum);
+    if (sum == NULL) return -1;
+    int rc = kw_set(&steps[n - 1], obj, sum, pure);
     Py_DECREF(sum);
-    Py_DECREF(obj);
     return rc;
 }
 
 /* builtins.max(cur, v) (a new reference): v if v > cur is true, else cur. */
-static inline PyObject *kw_max(PyObject *cur, PyObject *v)
+static inline PyObject *kw_max(PyObject *cur, PyObject *v, int *pure)
 {
     if (PyLong_CheckExact(cur) && PyLong_CheckExact(v)) {
         int o1 = 0, o2 = 0;
@@ -262,29 +343,41 @@ static inline PyObject *kw_max(PyObject *cur, PyObject *v)
         long long b = PyLong_AsLongLongAndOverflow(v, &o2);
         if (!o1 && !o2) return Py_NewRef(b > a ? v : cur);
     }
+    *pure = 0;
     int gt = PyObject_RichCompareBool(v, cur, Py_GT);
     if (gt < 0) return NULL;
     return Py_NewRef(gt ? v : cur);
 }
 
 /* `req.<path> = max(req.<path>, v)`: the right side first, then req's path
- * to the owner read again for the store.  0, or -1 with the exception set. */
+ * to the owner read again for the store -- unless no Python code ran since
+ * it was read, when reading it again would give the same object.  0, or -1
+ * with the exception set. */
 static inline int kw_max_path(kw_step *steps, Py_ssize_t n, PyObject *req, PyObject *v)
 {
-    PyObject *obj = kw_owner(steps, n, req);
+    int pure = 1;
+    PyObject *obj = kw_owner(steps, n, req, &pure);
     if (obj == NULL) return -1;
-    PyObject *cur = kw_get(&steps[n - 1], obj);
-    Py_DECREF(obj);
-    if (cur == NULL) return -1;
-    PyObject *m = kw_max(cur, v);
-    Py_DECREF(cur);
-    if (m == NULL) return -1;
-    obj = kw_owner(steps, n, req);
-    if (obj == NULL) {
-        Py_DECREF(m);
+    PyObject *cur = kw_get(&steps[n - 1], obj, &pure);
+    if (cur == NULL) {
+        Py_DECREF(obj);
         return -1;
     }
-    int rc = kw_set(&steps[n - 1], obj, m);
+    PyObject *m = kw_max(cur, v, &pure);
+    Py_DECREF(cur); /* an exact int when pure: its release runs nothing */
+    if (m == NULL) {
+        Py_DECREF(obj);
+        return -1;
+    }
+    if (!pure) {
+        Py_DECREF(obj);
+        obj = kw_owner(steps, n, req, &pure);
+        if (obj == NULL) {
+            Py_DECREF(m);
+            return -1;
+        }
+    }
+    int rc = kw_set(&steps[n - 1], obj, m, &pure);
     Py_DECREF(m);
     Py_DECREF(obj);
     return rc;
@@ -329,21 +422,39 @@ static inline int kw_iter(PyObject *seq, PyObject **it)
 
 /* for req in reqs: for each path: req.<path> += delta.
  * steps holds the paths' steps one after another; path k ends at ends[k]. */
+/* Whether path k names the same owner as path k - 1: the same names (interned:
+ * compared by identity) up to its last. */
+static int kw_same_owner(const kw_step *steps, const Py_ssize_t *ends, Py_ssize_t k)
+{
+    Py_ssize_t start = k > 1 ? ends[k - 2] : 0, mid = ends[k - 1];
+    Py_ssize_t n_prev = mid - start, n = ends[k] - mid;
+    if (n != n_prev || n < 2) return 0;
+    for (Py_ssize_t i = 0; i + 1 < n; i++)
+        if (steps[start + i].name != steps[mid + i].name) return 0;
+    return 1;
+}
+
 static int kw_add_all(PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
-                      Py_ssize_t npaths, PyObject *delta)
+                      Py_ssize_t npaths, PyObject *delta, unsigned char *reuse)
 {
     kw_delta dl;
-    PyObject *it, *req;
+    PyObject *it, *req, *owner = NULL;
     Py_ssize_t pos = 0;
-    int got, rc = 0;
+    int got, rc = 0, pure = 0;
     kw_delta_init(&dl, delta);
+#ifndef Py_GIL_DISABLED
+    kw_learn_budget = 4;
+#endif
+    for (Py_ssize_t k = 0; k < npaths; k++)
+        reuse[k] = k > 0 && kw_same_owner(steps, ends, k);
     if (kw_iter(reqs, &it) < 0) return -1;
     while ((got = kw_next(reqs, it, &pos, &req)) > 0) {
         Py_ssize_t start = 0;
         for (Py_ssize_t k = 0; k < npaths && rc == 0; k++) {
-            rc = kw_add_path(steps + start, ends[k] - start, req, &dl);
+            rc = kw_add_path(steps + start, ends[k] - start, req, &dl, &owner, reuse[k], &pure);
             start = ends[k];
         }
+        Py_CLEAR(owner);
         Py_DECREF(req);
         if (rc < 0) break;
     }
@@ -359,6 +470,9 @@ static int kw_max_all(PyObject *reqs, PyObject *values, kw_step *steps, Py_ssize
     PyObject *it_reqs, *it_values, *req, *v;
     Py_ssize_t pos_reqs = 0, pos_values = 0;
     int got, rc = 0;
+#ifndef Py_GIL_DISABLED
+    kw_learn_budget = 4;
+#endif
     if (kw_iter(reqs, &it_reqs) < 0) return -1;
     if (kw_iter(values, &it_values) < 0) {
         Py_XDECREF(it_reqs);
