@@ -6,11 +6,12 @@ from typing import Any, TypeAlias
 __all__: list[str]
 
 # A path: a dotted string ("kv.kv_allocated_len") or a tuple/list of attribute names.
+# `paths` is a tuple/list of paths, or a single dotted string.
 AttrPath: TypeAlias = str | tuple[str, ...] | list[str]
 
 def add_to_attrs(
     reqs: Iterable[Any],
-    paths: AttrPath | Sequence[AttrPath],
+    paths: str | Sequence[AttrPath],
     delta: Any,
 ) -> None: ...
 def max_into_attr(

@@ -105,11 +105,14 @@ cdef bint _flag(object value, str name) except -1:
 def add_to_attrs(reqs, paths, delta):
     """For each request in order, for each path in order: ``req.<path> += delta``.
 
-    ``paths`` is one path or a tuple/list of paths; a path is a tuple (or
-    list) of attribute names, or a dotted string (``"kv.kv_allocated_len"``),
-    and ``req.<path>`` reads every name but the last afresh for each
-    statement.  So ``add_to_attrs(reqs, ("kv.kv_allocated_len",
-    "kv.kv_committed_len"), d)`` is exactly::
+    ``paths`` is a tuple or list of paths, or one path as a dotted string; a
+    path is a dotted string (``"kv.kv_allocated_len"``) or a tuple/list of
+    attribute names (``("kv", "kv_allocated_len")``; names are taken as they
+    are, dots and all).  So ``("kv", "a")`` is two paths, ``req.kv`` and
+    ``req.a``; one nested path is ``"kv.a"`` or ``(("kv", "a"),)``.
+    ``req.<path>`` reads every name but the last afresh for each statement.
+    So ``add_to_attrs(reqs, ("kv.kv_allocated_len", "kv.kv_committed_len"),
+    d)`` is exactly::
 
         for req in reqs:
             req.kv.kv_allocated_len += d
@@ -163,7 +166,8 @@ def add_to_attrs(reqs, paths, delta):
 def max_into_attr(reqs, path, values, *, strict=True):
     """``for req, v in zip(reqs, values, strict=strict): req.<path> = max(req.<path>, v)``.
 
-    ``path`` as in :func:`add_to_attrs`.  Python's order to the letter: the
+    ``path`` is one path: a dotted string or a tuple/list of attribute
+    names, as in :func:`add_to_attrs`.  Python's order to the letter: the
     right side first (``req.<path>`` read, ``max`` called: ``v`` if ``v >
     current`` is true, else the current value itself), then the owner of the
     last name read again and the result stored; ``zip`` takes the next
