@@ -652,6 +652,47 @@ def test_class_changed_mid_loop(impl, kind, fn):
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_instance_dicts_that_differ(impl):
+    """One class, instance dicts in different orders (the remembered position
+    is wrong for some), a name deleted from one, a class-level default that a
+    write shadows, and an __add__ that replaces the instance __dict__ between
+    the read and the write: each as the loop does it."""
+    def build():
+        class R:
+            x = 100  # a class default: read from the class, written to the instance
+
+        class Swap(int):
+            def __add__(self, other):
+                holder.__dict__ = {"a": -1, "b": -2, "c": -3}
+                return Swap(int(self) + other)
+
+        reqs = []
+        for i in range(12):
+            r = R()
+            names = ["a", "b", "c"] if i % 3 else ["c", "b", "a"]
+            for k, name in enumerate(names):
+                setattr(r, name, 10 * i + k)
+            reqs.append(r)
+        del reqs[4].b
+        holder = reqs[7]
+        holder.a = Swap(5)
+        return reqs
+
+    def picture(reqs):
+        return [sorted(vars(r).items()) for r in reqs]
+
+    for paths in (["a", "c"], ["x", "a"], ["b"], ["a", "b", "x"]):
+        want, got = build(), build()
+        expect = run(add_loop(paths), want, 1)
+        assert run(impl.add_to_attrs, got, paths, 1) == expect
+        assert picture(got) == picture(want)
+    want, got = build(), build()
+    assert run(impl.max_into_attr, got, "b", range(0, 240, 20)) == \
+        run(max_loop("b"), want, range(0, 240, 20), True)
+    assert picture(got) == picture(want)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
 def test_read_only_member(impl):
     """property's fget is a read-only (T_OBJECT) member of a C type: a write
     must raise as setattr does, not land in the slot."""
