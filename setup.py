@@ -22,7 +22,7 @@ link_args = os.environ.get("KVEST_LDFLAGS", "").split()
 SRC = "src/kvest"
 HEADERS = [f"{SRC}/_src/{name}" for name in
            ("loops.h", "loops_body.h", "loops_variant.h", "loops_avx2.h", "rows.h",
-            "reqattr.h")]
+            "reqattr.h", "reqwrite.h")]
 common = dict(
     include_dirs=[np.get_include(), f"{SRC}/_src"],
     depends=[*HEADERS, f"{SRC}/_common.pxd"],
@@ -42,6 +42,8 @@ extensions = [
               **common),
     # Request-object kernels: only inline helpers from loops.h, no loop variants.
     Extension("kvest._reqs", sources=[f"{SRC}/_reqs.pyx"], **common),
+    # Request-object writers: reqwrite.h only.
+    Extension("kvest._writes", sources=[f"{SRC}/_writes.pyx"], **common),
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": 3},

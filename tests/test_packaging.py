@@ -16,10 +16,11 @@ import pytest
 import kvest
 from kvest import reference
 
-STUBS = ("_kernels.pyi", "_reqs.pyi")
+STUBS = ("_kernels.pyi", "_reqs.pyi", "_writes.pyi")
 # Built and installed, whichever implementation this run serves: the tests that
 # start a fresh interpreter run the compiled kernels even in the pure-Python stage.
-BUILT = all(importlib.util.find_spec(f"kvest.{name}") is not None for name in ("_kernels", "_reqs"))
+BUILT = all(importlib.util.find_spec(f"kvest.{name}") is not None
+            for name in ("_kernels", "_reqs", "_writes"))
 needs_built = pytest.mark.skipif(not BUILT, reason="the compiled kernels are not built here")
 
 

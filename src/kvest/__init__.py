@@ -1,7 +1,8 @@
 """kvest: exact, compiled KV-cache allocation estimates for LLM-serving schedulers.
 
 ``import kvest`` serves the compiled kernels (``kvest._kernels`` for arrays,
-``kvest._reqs`` for request objects).  Their pure-Python twins
+``kvest._reqs`` for request objects, ``kvest._writes`` for the loops that write
+to them).  Their pure-Python twins
 (``kvest.reference``) are served only when ``KVEST_PURE_PYTHON=1`` asks for them;
 a missing compiled module is an ``ImportError``, never a silent fallback.
 ``kvest.IMPLEMENTATION`` says which is live: ``"cython"`` or ``"python"``.
@@ -39,6 +40,9 @@ __all__ = [  # noqa: RUF022 -- grouped as the docs present them
     "decode_alloc_plan_from_reqs",
     "decode_new_tokens_from_reqs",
     "spec_v2_new_tokens_from_reqs",
+    # request-object writers (kvest._writes)
+    "add_to_attrs",
+    "max_into_attr",
 ]
 
 IMPLEMENTATION: str
@@ -60,6 +64,7 @@ if TYPE_CHECKING:
         decode_new_tokens_from_reqs,
         spec_v2_new_tokens_from_reqs,
     )
+    from kvest._writes import add_to_attrs, max_into_attr
 elif flag("KVEST_PURE_PYTHON"):
     from kvest.reference import *  # noqa: F403
 
@@ -68,6 +73,7 @@ else:
     try:
         from kvest._kernels import *  # noqa: F403
         from kvest._reqs import *  # noqa: F403
+        from kvest._writes import *  # noqa: F403
     except ImportError as exc:
         raise ImportError(
             f"kvest's compiled kernels could not be imported ({exc}). Build and install "

@@ -22,4 +22,10 @@ REQ_FUNCTIONS = (
     "spec_v2_new_tokens_from_reqs",
 )
 
-FUNCTIONS = ARRAY_FUNCTIONS + REQ_FUNCTIONS
+# Request-object writers: kvest._writes (compiled) and kvest.reference._writes (pure).
+WRITE_FUNCTIONS = (
+    "add_to_attrs",
+    "max_into_attr",
+)
+
+FUNCTIONS = ARRAY_FUNCTIONS + REQ_FUNCTIONS + WRITE_FUNCTIONS

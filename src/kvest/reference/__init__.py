@@ -12,5 +12,6 @@ from __future__ import annotations
 from kvest._names import FUNCTIONS
 from kvest.reference._kernels import *  # noqa: F403
 from kvest.reference._reqs import *  # noqa: F403
+from kvest.reference._writes import *  # noqa: F403
 
 __all__ = list(FUNCTIONS)

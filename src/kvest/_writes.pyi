@@ -1,0 +1,23 @@
+# Type stubs for the compiled request-object writers; kvest.reference._writes has the same
+# signatures.
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeAlias
+
+__all__: list[str]
+
+# A path: a dotted string ("kv.kv_allocated_len") or a tuple/list of attribute names.
+# `paths` is a tuple/list of paths, or a single dotted string.
+AttrPath: TypeAlias = str | tuple[str, ...] | list[str]
+
+def add_to_attrs(
+    reqs: Iterable[Any],
+    paths: str | Sequence[AttrPath],
+    delta: Any,
+) -> None: ...
+def max_into_attr(
+    reqs: Iterable[Any],
+    path: AttrPath,
+    values: Iterable[Any],
+    *,
+    strict: bool = True,
+) -> None: ...
