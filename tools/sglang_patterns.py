@@ -57,12 +57,11 @@ ACCEPTED = {
     "974e86067eb8": ("ceil_div", {}),
     # the loops that write to requests
     "226feb6771b3": ("add_lengths_loop/nested", {}),
-    "cdc4dffc828b": ("decode_batch_idx_loop", {}),
     "52ea9dba3a67": ("max_allocated_loop/nested", {}),
 }
 # Loops kvest compiles only in the releases where they took the shape above;
 # older shapes of them are left alone, as the patterns say.
-NEW_IN = {"add_lengths_loop", "decode_batch_idx_loop", "max_allocated_loop"}
+NEW_IN = {"add_lengths_loop", "max_allocated_loop"}
 
 
 def _find(tree: ast.Module, qualname: str) -> ast.FunctionDef | None:

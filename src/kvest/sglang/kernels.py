@@ -164,6 +164,7 @@ def _writer(name: str) -> Callable[..., Any] | None:
 
 
 _NESTED_LENGTHS = (("kv", "kv_allocated_len"), ("kv", "kv_committed_len"))
+_ALLOCATED = ("kv", "kv_allocated_len")
 
 
 def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
@@ -189,31 +190,12 @@ def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     return add_lengths_loop
 
 
-def make_decode_batch_idx_loop(pattern: Pattern, name: str, checked: dict[str, Any]
-                               ) -> Callable[..., Any]:
-    """``for r in owner.reqs: r.decode_batch_idx += 1`` (semantics as above)."""
-    add, spot = _writer("add_to_attrs"), monitor.spot(name)
-    paths = (("decode_batch_idx",),)
-
-    def decode_batch_idx_loop(owner: Any) -> None:
-        _first_call()
-        if add is None:
-            spot.fallbacks += 1
-            raise Declined
-        reqs = owner.reqs
-        spot.kernel += 1
-        add(reqs, paths, 1)
-
-    return decode_batch_idx_loop
-
-
 def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                             ) -> Callable[..., Any]:
     """``for req, v in zip(reqs, values, strict=True): req.kv.kv_allocated_len =
     max(req.kv.kv_allocated_len, v)`` (semantics as above; ``zip`` and ``max``
     must be the builtins)."""
     raise_to, spot = _writer("max_into_attr"), monitor.spot(name)
-    path = ("kv", "kv_allocated_len")
 
     def max_allocated_loop(reqs: Any, values: Any, zip_: Any, max_: Any) -> None:
         _first_call()
@@ -221,7 +203,7 @@ def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
             spot.fallbacks += 1
             raise Declined
         spot.kernel += 1
-        raise_to(reqs, path, values, strict=True)
+        raise_to(reqs, _ALLOCATED, values, strict=True)
 
     return max_allocated_loop
 
@@ -236,12 +218,11 @@ GLUE: dict[str, tuple[Callable[..., Any], tuple[str, ...], str | None]] = {
                         ("reqs", "reserve", "page_size", "cur", "nxt", "total"), "total"),
     # the loops that write to requests: a statement that binds nothing
     "add_lengths_loop": (make_add_lengths_loop, ("owner", "delta"), ""),
-    "decode_batch_idx_loop": (make_decode_batch_idx_loop, ("owner",), ""),
     "max_allocated_loop": (make_max_allocated_loop, ("reqs", "values"), ""),
 }
 # Hot spots whose patterns write to requests: never run twice (shadow mode
 # leaves them to upstream).
-WRITERS = frozenset({"add_lengths_loop", "decode_batch_idx_loop", "max_allocated_loop"})
+WRITERS = frozenset({"add_lengths_loop", "max_allocated_loop"})
 
 
 # ------------------------------------------------------------------ whole functions

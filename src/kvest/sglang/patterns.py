@@ -63,7 +63,6 @@ SELECT: dict[str, Callable[[ast.stmt], bool] | None] = {
     "ceil_align": None,
     "ceil_div": None,
     "add_lengths_loop": _for_writing("kv_allocated_len", "kv_committed_len"),
-    "decode_batch_idx_loop": _for_writing("decode_batch_idx"),
     "max_allocated_loop": _for_writing("kv_allocated_len"),
 }
 
@@ -96,9 +95,6 @@ PLACES: tuple[Place, ...] = (
           {"owner": "batch", "delta": "token_per_req"}),
     Place("add_lengths_loop", ALLOCATION, "alloc_for_decode_default",  # 0.5.22-
           {"owner": "batch", "delta": "token_per_req"}),
-    Place("decode_batch_idx_loop", BATCH, "ScheduleBatch.prepare_for_decode", {"owner": "self"}),
-    Place("decode_batch_idx_loop", "sglang/srt/speculative/eagle_utils.py",
-          "eagle_prepare_for_decode", {"owner": "batch"}),
     Place("max_allocated_loop", ALLOCATION, "alloc_for_spec_decode",
           {"reqs": "reqs", "values": "nxt_kv_lens_list"}),
 )

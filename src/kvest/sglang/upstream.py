@@ -49,6 +49,7 @@ FILES = (
     "sglang/srt/managers/utils.py",
     "sglang/srt/mem_cache/common.py",
     "sglang/srt/mem_cache/allocation_sizing.py",
+    "sglang/srt/mem_cache/allocation.py",
     "sglang/srt/utils/common.py",
     "sglang/srt/beam_search/batch_tail.py",
     "sglang/srt/speculative/eagle_utils.py",
@@ -137,13 +138,14 @@ def wheel(path: Path | str, cache: Path | str | None = None) -> SourceTree:
     dest = Path(cache) if cache is not None else path.parent
     dest = dest / f"sglang-{version}-files"
     marker = dest / ".complete"
-    if not marker.is_file():
+    wanted = "\n".join((version, *FILES))  # a new file list unpacks again
+    if not marker.is_file() or marker.read_text() != wanted:
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())
             for rel in FILES:
                 if rel in names:
                     zf.extract(rel, dest)
-        marker.write_text(version)
+        marker.write_text(wanted)
     return SourceTree(dest, version)
 
 
