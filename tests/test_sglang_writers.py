@@ -137,6 +137,6 @@ def test_the_writer_leaves_requests_as_the_loop_does(loop, data):
 
 
 def test_the_loop_is_swapped(loop):
-    kind, original, compiled = loop
+    _, original, compiled = loop
     assert compiled.__code__ is not original.__code__
     assert any(name.startswith("__kvest_glue") for name in compiled.__code__.co_freevars)
