@@ -5,17 +5,28 @@ one set in ``request_standins``)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from request_standins import FlatReq, MixedReq, NestedReq
 
 
-def request_class(layout: dict[str, str]) -> type:
-    """The stand-in for a release whose estimator reads the lengths as ``layout``
-    (``StandinTree.layout()``) says."""
+def request_class(layout: dict[str, str]) -> Callable[..., Any]:
+    """``make(committed, allocated, beam_group=None)``: a request shaped like
+    those of a release whose estimator reads the lengths as ``layout``
+    (``StandinTree.layout()``) says (a beam group only where the release has
+    them: nested requests)."""
     kinds = (layout.get("kv_committed_len"), layout.get("kv_allocated_len"))
-    return {("flat", "flat"): FlatReq, ("flat", "nested"): MixedReq,
-            ("nested", "nested"): NestedReq}[kinds]
+    cls = {("flat", "flat"): FlatReq, ("flat", "nested"): MixedReq,
+           ("nested", "nested"): NestedReq}[kinds]
+
+    def make(committed: Any, allocated: Any, beam_group: Any = None) -> Any:
+        req = cls(committed, allocated)
+        if beam_group is not None:
+            req.beam_group = beam_group
+        return req
+
+    return make
 
 
 @dataclasses.dataclass
