@@ -12,7 +12,6 @@ import pytest
 from sglang_releases import check_required, releases
 
 import kvest.sglang
-from kvest.sglang.hotspots import _int32_tensor_use
 from kvest.sglang.upstream import standin_tree
 
 RELEASES = releases()
@@ -105,24 +104,3 @@ def test_patch_twice_replaces_once():
         first.undo()
         assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is \
             patched.__kvest_original__
-
-
-CALLER_OK = """
-def prepare(batch):
-    cur, nxt, n = page_aligned_decode_alloc_lens(batch.reqs, reserve=8, page_size=16)
-    cur_t = torch.tensor(cur, dtype=torch.int32, device="cpu")
-    nxt_t = torch.tensor(nxt, dtype=torch.int32, device="cpu")
-    cur = cur_t.to("cuda")
-    return cur, nxt_t, n
-"""
-
-
-@pytest.mark.parametrize("source, ok", [
-    (CALLER_OK, True),
-    (CALLER_OK.replace("torch.int32", "torch.int64"), False),        # other dtype
-    (CALLER_OK.replace("return cur, nxt_t, n", "return max(nxt), n"), False),  # list use
-    (CALLER_OK.replace("    cur = cur_t", "    if n:\n        cur = cur_t"), False),
-    (CALLER_OK.replace("cur, nxt, n = page", "lens = page"), False),  # not unpacked
-])
-def test_which_callers_get_int32_arrays(source, ok):
-    assert _int32_tensor_use(ast.parse(source), "page_aligned_decode_alloc_lens")[0] is ok
