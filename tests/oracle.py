@@ -399,8 +399,46 @@ def beam_member_rows_from_reqs(reqs, indices=None):
     return total
 
 
+def _path(path: Any) -> tuple[str, ...]:
+    return tuple(path.split(".")) if isinstance(path, str) else tuple(path)
+
+
+def _paths(paths: Any) -> list[tuple[str, ...]]:
+    if isinstance(paths, str):
+        return [_path(paths)]
+    return [_path(p) for p in paths]
+
+
+def add_to_attrs(reqs, paths, delta):
+    """The loop itself: ``req.<path> += delta`` for each request, each path."""
+    chosen = _paths(paths)
+    for req in reqs:
+        for path in chosen:
+            owner = req
+            for name in path[:-1]:
+                owner = getattr(owner, name)
+            value = getattr(owner, path[-1])
+            value += delta
+            setattr(owner, path[-1], value)
+
+
+def max_into_attr(reqs, path, values, *, strict=True):
+    """The loop itself: ``req.<path> = max(req.<path>, v)`` over ``zip``."""
+    names = _path(path)
+
+    def owner_of(req: Any) -> Any:
+        for name in names[:-1]:
+            req = getattr(req, name)
+        return req
+
+    for req, value in zip(reqs, values, strict=strict):
+        new = max(getattr(owner_of(req), names[-1]), value)
+        setattr(owner_of(req), names[-1], new)
+
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     fn.__name__: fn for fn in (
+        add_to_attrs, max_into_attr,
         spec_v2_new_tokens, decode_new_tokens, num_new_pages, spec_v1_new_tokens,
         alloc_len_per_decode, alloc_reserve_per_decode, decode_alloc_plan,
         spec_v2_new_tokens_from_reqs, decode_new_tokens_from_reqs,

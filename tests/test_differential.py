@@ -351,3 +351,26 @@ def test_request_functions_worked_example():
     reqs[2].beam_group = Beam(3)
     assert check_exact("beam_member_rows_from_reqs", reqs) == ("ok", 3)
     assert check_exact("beam_member_rows_from_reqs", reqs, [0, 1]) == ("ok", 0)
+
+
+@settings(deadline=None)
+@given(committed=st.lists(st.integers(-2**70, 2**70), max_size=12),
+       delta=st.integers(-2**66, 2**66), data=st.data())
+def test_writers_against_the_oracle(committed, delta, data):
+    """The writers leave requests as the oracle's plain loops do."""
+    import copy
+
+    from request_standins import NestedReq
+
+    reqs = [NestedReq(c, c // 2) for c in committed]
+    twin = copy.deepcopy(reqs)
+    paths = data.draw(st.sampled_from([
+        "kv.kv_committed_len", (("kv", "kv_allocated_len"), ("kv", "kv_committed_len"))]))
+    kvest.add_to_attrs(reqs, paths, delta)
+    oracle.FUNCTIONS["add_to_attrs"](twin, paths, delta)
+    values = data.draw(st.lists(st.integers(-2**70, 2**70), min_size=len(reqs),
+                                max_size=len(reqs)))
+    kvest.max_into_attr(reqs, "kv.kv_allocated_len", values)
+    oracle.FUNCTIONS["max_into_attr"](twin, "kv.kv_allocated_len", values)
+    assert [(r.kv.kv_committed_len, r.kv.kv_allocated_len) for r in reqs] == \
+        [(r.kv.kv_committed_len, r.kv.kv_allocated_len) for r in twin]

@@ -45,7 +45,10 @@ ALLOC_MODULES = (
 # name: (module(s), class or None, attribute, pattern kinds)
 HOTSPOTS: dict[str, tuple[tuple[str, ...], str | None, str, tuple[str, ...]]] = {
     "new_tokens_required_next_decode": ((BATCH_MODULE,), "ScheduleBatch",
-                                        "new_tokens_required_next_decode", ("decode_count",)),
+                                        "new_tokens_required_next_decode",
+                                        ("select_requests", "decode_count")),
+    "check_decode_mem": ((BATCH_MODULE,), "ScheduleBatch", "check_decode_mem",
+                         ("select_requests",)),
     "_new_tokens_required_next_decode_spec_v2": (
         (BATCH_MODULE,), "ScheduleBatch", "_new_tokens_required_next_decode_spec_v2",
         ("spec_v2_total",)),

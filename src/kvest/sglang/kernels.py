@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = ["GLUE", "make_alloc_lens_int32", "make_num_new_pages"]
 
 _SUM, _MAX, _ENUMERATE, _ZIP = builtins.sum, builtins.max, builtins.enumerate, builtins.zip
 _SEQUENCES = (list, tuple)
+_itemgetter = operator.itemgetter
 _INT_LIMITS = {np.dtype(np.int64): 2**63 - 1, np.dtype(np.int32): 2**31 - 1}
 
 
@@ -49,22 +51,26 @@ def _strict() -> dict[str, bool]:
 STRICT = _strict()
 
 
+_STATE = monitor.STATE
+
+
 def _first_call() -> None:
-    if not monitor.STATE.announced:
-        monitor.announce()
+    monitor.announce()
 
 
 def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
                       ) -> Callable[..., Any]:
     """``n = sum(1 for r in requests if <C> % page_size == 0)``: pages, not tokens."""
-    kernel, layout, spot = kvest.decode_new_tokens_from_reqs, pattern.layout, monitor.spot(name)
+    kernel, spot = kvest.decode_new_tokens_from_reqs, monitor.spot(name)
+    options = {"layout": pattern.layout, **STRICT}
 
     def decode_count(requests: Any, page_size: Any, sum_: Any) -> int:
-        _first_call()
+        if not _STATE.announced:
+            _first_call()
         if sum_ is _SUM and type(requests) in _SEQUENCES and type(page_size) is int \
                 and page_size >= 1:
             try:
-                tokens = kernel(requests, page_size, layout=layout, **STRICT)
+                tokens = kernel(requests, page_size, **options)
             except Exception:
                 pass
             else:
@@ -76,24 +82,70 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
     return decode_count
 
 
+def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
+                         ) -> Callable[..., Any]:
+    """``requests = owner.reqs if selected is None else [owner.reqs[i] for i in selected]``:
+    the list built in one C call (``operator.itemgetter``, list indexing's own
+    semantics) where ``owner.reqs`` is a plain list held in the instance's
+    ``__dict__`` -- so reading it once equals reading it per index, as no
+    Python code runs in between -- and the indices an exact list or tuple."""
+    spot = monitor.spot(name)
+
+    def select_requests(owner: Any, selected: Any) -> Any:
+        if not _STATE.announced:
+            _first_call()
+        if selected is None:
+            spot.kernel += 1
+            return owner.reqs
+        if type(selected) in _SEQUENCES and not _lookup_is_special(type(owner), "reqs"):
+            try:
+                reqs = owner.__dict__["reqs"]
+                if type(reqs) is list:
+                    n = len(selected)
+                    chosen = (list(_itemgetter(*selected)(reqs)) if n > 1
+                              else [reqs[selected[0]]] if n else [])
+                    spot.kernel += 1
+                    return chosen
+            except Exception:
+                pass  # upstream's comprehension raises its own exception
+        spot.fallbacks += 1
+        raise Declined
+
+    return select_requests
+
+
+def _lookup_is_special(cls: type, name: str) -> bool:
+    """Whether ``obj.name`` might not be ``obj.__dict__[name]``: a custom
+    ``__getattribute__``, or a data descriptor (a property, a slot) on the class."""
+    if cls.__getattribute__ is not object.__getattribute__:
+        return True
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            kind = type(klass.__dict__[name])
+            return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
+    return False
+
+
 def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
                        ) -> Callable[..., Any]:
     """``for r in requests: total += ceil_align(max(A, C + R), p) - ceil_align(A, p)``
     (as upstream spells it), R being ``reserve_factor`` times the reserve read."""
-    kernel, layout, spot = kvest.spec_v2_new_tokens_from_reqs, pattern.layout, monitor.spot(name)
+    kernel, spot = kvest.spec_v2_new_tokens_from_reqs, monitor.spot(name)
     factor = pattern.reserve_factor
+    options = {"layout": pattern.layout, **STRICT}
     ceil_align, ceil_div = checked["ceil_align"], checked["ceil_div"]
     home = ceil_align.__globals__
 
     def spec_v2_total(total: Any, requests: Any, page_size: Any, reserve: Any, max_: Any,
                       ceil_align_: Any) -> int:
-        _first_call()
+        if not _STATE.announced:
+            _first_call()
         if (max_ is _MAX and ceil_align_ is ceil_align and home.get("ceil_div") is ceil_div
                 and type(total) is int and type(requests) in _SEQUENCES
                 and type(page_size) is int and page_size >= 1 and type(reserve) is int
                 and reserve >= 0):
             try:
-                tokens = kernel(requests, page_size, factor * reserve, layout=layout, **STRICT)
+                tokens = kernel(requests, page_size, factor * reserve, **options)
             except Exception:
                 pass
             else:
@@ -110,7 +162,8 @@ def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Call
     kernel, spot = kvest.beam_member_rows_from_reqs, monitor.spot(name)
 
     def beam_rows(reqs: Any, sum_: Any) -> int:
-        _first_call()
+        if not _STATE.announced:
+            _first_call()
         if sum_ is _SUM and type(reqs) in _SEQUENCES:
             try:
                 rows = kernel(reqs, **STRICT)
@@ -130,19 +183,20 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     """The loop filling ``cur[i] = A``, ``nxt[i] = max(A, ceil_align(C + R, p))``
     and adding ``nxt - cur`` to a total: the plan kernel, then the two lists
     written whole (only once every value is known)."""
-    kernel, layout, spot = kvest.decode_alloc_plan_from_reqs, pattern.layout, monitor.spot(name)
+    kernel, spot = kvest.decode_alloc_plan_from_reqs, monitor.spot(name)
+    options = {"page_aligned": True, "layout": pattern.layout, **STRICT}
 
     def alloc_lens_loop(reqs: Any, reserve: Any, page_size: Any, cur: Any, nxt: Any,
                         total: Any, enumerate_: Any, max_: Any) -> int:
-        _first_call()
+        if not _STATE.announced:
+            _first_call()
         if (enumerate_ is _ENUMERATE and max_ is _MAX and type(reqs) in _SEQUENCES
                 and type(cur) is list and type(nxt) is list
                 and len(cur) == len(reqs) == len(nxt) and type(total) is int
                 and type(page_size) is int and page_size >= 1 and type(reserve) is int
                 and reserve >= 0):
             try:
-                plan = kernel(reqs, page_size, reserve, page_aligned=True, layout=layout,
-                              **STRICT)
+                plan = kernel(reqs, page_size, reserve, **options)
             except Exception:
                 pass
             else:
@@ -179,7 +233,8 @@ def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     add, spot = _writer("add_to_attrs"), monitor.spot(name)
 
     def add_lengths_loop(owner: Any, delta: Any) -> None:
-        _first_call()
+        if not _STATE.announced:
+            _first_call()
         if add is None:
             spot.fallbacks += 1
             raise Declined
@@ -198,7 +253,8 @@ def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     raise_to, spot = _writer("max_into_attr"), monitor.spot(name)
 
     def max_allocated_loop(reqs: Any, values: Any, zip_: Any, max_: Any) -> None:
-        _first_call()
+        if not _STATE.announced:
+            _first_call()
         if raise_to is None or zip_ is not _ZIP or max_ is not _MAX:
             spot.fallbacks += 1
             raise Declined
@@ -211,6 +267,7 @@ def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
 GLUE: dict[str, tuple[Callable[..., Any], tuple[str, ...], str | None]] = {
     # kind: (glue maker, the roles passed in order, the role bound (None: returned))
     "decode_count": (make_decode_count, ("requests", "page_size"), "target"),
+    "select_requests": (make_select_requests, ("owner", "selected"), "target"),
     "spec_v2_total": (make_spec_v2_total, ("total", "requests", "page_size", "reserve"),
                       "total"),
     "beam_rows": (make_beam_rows, ("reqs",), None),
@@ -240,7 +297,8 @@ def make_num_new_pages(original: Callable[..., Any], tensor: type, name: str
 
     def get_num_new_pages(seq_lens: Any, page_size: Any, prefix_lens: Any = None,
                           decode: Any = False) -> Any:
-        _first_call()
+        if not _STATE.announced:
+            _first_call()
         try:
             if type(seq_lens) is tensor and type(page_size) is int and page_size >= 1 \
                     and type(decode) is bool:
@@ -286,7 +344,8 @@ def make_alloc_lens_int32(original: Callable[..., Any], layout: str | None, name
     plan, int32, spot = kvest.decode_alloc_plan_from_reqs, np.int32, monitor.spot(name)
 
     def page_aligned_decode_alloc_lens(reqs: Any, *, reserve: Any, page_size: Any) -> Any:
-        _first_call()
+        if not _STATE.announced:
+            _first_call()
         if type(reqs) in _SEQUENCES and type(reserve) is int and reserve >= 0 \
                 and type(page_size) is int and page_size >= 1:
             try:

@@ -36,6 +36,12 @@ def _is_return(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Return)
 
 
+def _selection(stmt: ast.stmt) -> bool:
+    """``x = (a if c else [... for ... in ...])``: a list of selected requests."""
+    return (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.IfExp)
+            and isinstance(stmt.value.orelse, ast.ListComp))
+
+
 def _for_writing(*attrs: str) -> Callable[[ast.stmt], bool]:
     """A ``for`` loop whose body assigns one of ``attrs`` on an object."""
     def select(stmt: ast.stmt) -> bool:
@@ -55,6 +61,7 @@ COMMON = "sglang/srt/utils/common.py"
 # function is the pattern).
 SELECT: dict[str, Callable[[ast.stmt], bool] | None] = {
     "decode_count": _assign_of_sum,
+    "select_requests": _selection,
     "spec_v2_total": _is_for,
     "beam_rows": _is_return,
     "alloc_lens_loop": _is_for,
@@ -80,6 +87,10 @@ class Place(NamedTuple):
 PLACES: tuple[Place, ...] = (
     Place("decode_count", BATCH, "ScheduleBatch.new_tokens_required_next_decode",
           {"target": "new_pages", "requests": "requests", "page_size": "page_size"}),
+    Place("select_requests", BATCH, "ScheduleBatch.new_tokens_required_next_decode",
+          {"target": "requests", "owner": "self", "selected": "selected_indices"}),
+    Place("select_requests", BATCH, "ScheduleBatch.check_decode_mem",
+          {"target": "requests", "owner": "self", "selected": "selected_indices"}),
     Place("spec_v2_total", BATCH, "ScheduleBatch._new_tokens_required_next_decode_spec_v2",
           {"total": "total", "requests": "requests", "page_size": "page_size"}),
     Place("beam_rows", "sglang/srt/beam_search/batch_tail.py", "num_beam_member_rows",
