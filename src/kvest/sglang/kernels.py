@@ -34,6 +34,8 @@ __all__ = ["GLUE", "make_alloc_lens_int32", "make_num_new_pages"]
 
 _SUM, _MAX, _ENUMERATE, _ZIP = builtins.sum, builtins.max, builtins.enumerate, builtins.zip
 _SEQUENCES = (list, tuple)
+# Indices iterated without running Python code: exact lists, tuples, ndarrays.
+_INDEX_SEQUENCES = (list, tuple, np.ndarray)
 _itemgetter = operator.itemgetter
 _INT_LIMITS = {np.dtype(np.int64): 2**63 - 1, np.dtype(np.int32): 2**31 - 1}
 
@@ -88,7 +90,7 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
     the list built in one C call (``operator.itemgetter``, list indexing's own
     semantics) where ``owner.reqs`` is a plain list held in the instance's
     ``__dict__`` -- so reading it once equals reading it per index, as no
-    Python code runs in between -- and the indices an exact list or tuple."""
+    Python code runs in between -- and the indices an exact list, tuple or ndarray."""
     spot = monitor.spot(name)
 
     def select_requests(owner: Any, selected: Any) -> Any:
@@ -97,7 +99,7 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
         if selected is None:
             spot.kernel += 1
             return owner.reqs
-        if type(selected) in _SEQUENCES and not _lookup_is_special(type(owner), "reqs"):
+        if type(selected) in _INDEX_SEQUENCES and not _lookup_is_special(type(owner), "reqs"):
             try:
                 reqs = owner.__dict__["reqs"]
                 if type(reqs) is list:
