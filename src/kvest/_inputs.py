@@ -50,12 +50,35 @@ def _describe(obj: Any) -> str:
     return type(obj).__name__
 
 
-def _is_array_like(obj: Any) -> bool:
+def _has(obj: Any, attr: str, name: str) -> bool:
+    """``hasattr(obj, attr)``, where an attribute lookup that fails with anything
+    but AttributeError (a raising ``__getattr__``) is a TypeError naming ``name``."""
+    try:
+        return hasattr(obj, attr)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"{name} could not be read: {_describe(exc)}: {exc}") from exc
+
+
+def _is_array_like(obj: Any, name: str) -> bool:
     """An array or tensor (NumPy scalars excepted): never a scalar, never an item."""
     if isinstance(obj, np.generic):
         return False
-    return isinstance(obj, np.ndarray) or hasattr(obj, "__array__") or hasattr(
-        obj, "__dlpack__")
+    return isinstance(obj, np.ndarray) or _has(obj, "__array__", name) or _has(
+        obj, "__dlpack__", name)
+
+
+def _plain(arr: np.ndarray) -> np.ndarray:
+    """An ndarray subclass as the plain ndarray over the same memory.
+
+    A subclass may say anything about itself (its ``dtype``, ``flags``,
+    ``astype``, ``view``): the base class's own view reads the C-level
+    descriptor and flags, and nothing the subclass defines is called.
+    """
+    if type(arr) is np.ndarray:
+        return arr
+    return np.ndarray.view(arr, np.ndarray)
 
 
 def as_count(value: Any, name: str, minimum: int = 0, *, optional: bool = False) -> int:
@@ -69,7 +92,7 @@ def as_count(value: Any, name: str, minimum: int = 0, *, optional: bool = False)
         return 0
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an integer, not bool")
-    if _is_array_like(value):
+    if _is_array_like(value, name):
         raise TypeError(
             f"{name} must be an integer, not {_describe(value)} "
             "(an array or tensor is not a scalar, even with one element)"
@@ -135,23 +158,34 @@ def _from_array(arr: np.ndarray, name: str) -> np.ndarray:
             return arr.view(np.ndarray) if type(arr) is not np.ndarray else arr
         return np.array(arr, dtype=arr.dtype, order="C")
     if kind == "u" and arr.dtype.itemsize == 8:
-        big = np.flatnonzero(arr > INT64_MAX)
+        # Converted first, then checked: the values judged are the values kept,
+        # even if another thread writes the caller's array meanwhile.
+        wrapped = arr.astype(np.int64)
+        big = np.flatnonzero(wrapped < 0)
         if big.size:
             pos = int(big[0])
-            raise OverflowError(f"{name}[{pos}] = {int(arr[pos])} does not fit in int64")
+            raise OverflowError(
+                f"{name}[{pos}] = {int(wrapped[pos]) + 2**64} does not fit in int64")
+        return wrapped
     # Narrower types, uint32, uint64 in range and byte-swapped arrays: the
     # smallest native type that holds every value of the dtype.
     narrow = arr.dtype.itemsize < 4 or (kind == "i" and arr.dtype.itemsize == 4)
     return arr.astype(np.int32 if narrow else np.int64)
 
 
-def _from_range(r: range, name: str) -> np.ndarray:
-    """A ``range`` without reading it item by item: bounds checked exactly."""
+def _range_length(r: range) -> int:
+    # len(r) raises OverflowError past sys.maxsize: computed here instead.
     start, step = r.start, r.step
-    length = max(0, -((start - r.stop) // step) if step > 0 else -((r.stop - start) // -step))
+    return max(0, -((start - r.stop) // step) if step > 0 else -((r.stop - start) // -step))
+
+
+def _range_int64(r: range, name: str) -> int:
+    """The length of ``r``, after an OverflowError for its first value outside
+    int64, if any (values are monotonic: found without reading them)."""
+    start, step = r.start, r.step
+    length = _range_length(r)
     if length == 0:
-        return np.zeros(0, dtype=np.int64)
-    # The first position whose value leaves int64, if any (values are monotonic).
+        return 0
     if not INT64_MIN <= start <= INT64_MAX:
         bad = 0
     elif step > 0:
@@ -160,6 +194,15 @@ def _from_range(r: range, name: str) -> np.ndarray:
         bad = (start - INT64_MIN) // -step + 1
     if bad < length:
         raise OverflowError(f"{name}[{bad}] = {start + bad * step} does not fit in int64")
+    return length
+
+
+def _from_range(r: range, name: str) -> np.ndarray:
+    """A ``range`` without reading it item by item: bounds checked exactly."""
+    start, step = r.start, r.step
+    length = _range_int64(r, name)
+    if length == 0:
+        return np.zeros(0, dtype=np.int64)
     # Modular (unsigned) arithmetic is exact when every value fits the signed
     # type of the same width, which is checked here and above;
     # np.arange(start, stop, step) is not: it sizes its result in floating
@@ -179,10 +222,11 @@ def _item(v: Any, pos: int, name: str) -> int:
     """Item ``pos`` of a sequence as a Python int in int64 range."""
     if isinstance(v, (bool, np.bool_)):
         raise TypeError(f"{name}[{pos}] must be an integer, not bool")
+    item = f"{name}[{pos}]"
     if isinstance(v, (list, tuple)) or (
-            _is_array_like(v) and getattr(v, "ndim", 1) != 0):
+            _is_array_like(v, item) and _ndim(v, item) != 0):
         raise ValueError(f"{name} must be 1-D, but {name}[{pos}] is a {_describe(v)}")
-    if _is_array_like(v):
+    if _is_array_like(v, item):
         raise TypeError(
             f"{name}[{pos}] must be an integer, not a 0-d {_describe(v)}")
     try:
@@ -200,6 +244,15 @@ def _item(v: Any, pos: int, name: str) -> int:
     if not INT64_MIN <= iv <= INT64_MAX:
         raise OverflowError(f"{name}[{pos}] = {iv} does not fit in int64")
     return iv
+
+
+def _ndim(v: Any, name: str) -> Any:
+    try:
+        return getattr(v, "ndim", 1)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"{name} could not be read: {_describe(exc)}: {exc}") from exc
 
 
 def _from_sequence(seq: Sequence[Any], name: str) -> np.ndarray:
@@ -221,9 +274,11 @@ def _from_sequence(seq: Sequence[Any], name: str) -> np.ndarray:
     return np.array([_item(v, pos, name) for pos, v in enumerate(values)], dtype=np.int64)
 
 
-def _is_torch_tensor(obj: Any) -> bool:
-    return (type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
-            and hasattr(obj, "requires_grad") and hasattr(obj, "device"))
+def _is_torch_tensor(obj: Any, name: str) -> bool:
+    module = getattr(type(obj), "__module__", None)
+    return (isinstance(module, str) and module.startswith("torch")
+            and _has(obj, "numpy", name) and _has(obj, "requires_grad", name)
+            and _has(obj, "device", name))
 
 
 def _torch_numpy(tensor: Any, name: str) -> np.ndarray:
@@ -241,19 +296,29 @@ def _torch_numpy(tensor: Any, name: str) -> np.ndarray:
     if device != "cpu":
         raise TypeError(f"{name} is a tensor on {device!s}; kvest reads CPU tensors only")
     try:
-        return tensor.numpy()
+        arr = tensor.numpy()
     except MemoryError:
         raise
     except Exception as exc:
         raise TypeError(f"{name} could not be read as an array: {_describe(exc)}: {exc}") from exc
+    return _ndarray(arr, name)
+
+
+def _ndarray(arr: Any, name: str) -> np.ndarray:
+    """What a conversion returned, as a plain ndarray: anything else is a TypeError."""
+    if isinstance(arr, np.ma.MaskedArray):
+        raise _masked(name)
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name} could not be read as an array: it gave {_describe(arr)}")
+    return _plain(arr)
 
 
 def _read_array(obj: Any, name: str) -> np.ndarray:
     """``obj`` as an ndarray: torch tensors, ``__array__``, buffers, ``__dlpack__``."""
-    if _is_torch_tensor(obj):
+    if _is_torch_tensor(obj, name):
         return _torch_numpy(obj, name)
     try:
-        if hasattr(obj, "__array__") or _has_buffer(obj):
+        if _has(obj, "__array__", name) or _has_buffer(obj, name):
             arr = np.asarray(obj)
         else:
             arr = np.from_dlpack(obj)
@@ -261,9 +326,7 @@ def _read_array(obj: Any, name: str) -> np.ndarray:
         raise
     except Exception as exc:
         raise TypeError(f"{name} could not be read as an array: {_describe(exc)}: {exc}") from exc
-    if isinstance(arr, np.ma.MaskedArray):
-        raise _masked(name)
-    return arr
+    return _ndarray(arr, name)
 
 
 def _masked(name: str) -> TypeError:
@@ -283,26 +346,30 @@ def as_lengths(obj: Any, name: str) -> np.ndarray:
     if isinstance(obj, np.ndarray):
         if isinstance(obj, np.ma.MaskedArray):
             raise _masked(name)
-        return _from_array(obj, name)
+        return _from_array(_plain(obj), name)
     if isinstance(obj, (list, tuple)):
         return _from_sequence(obj, name)
     if isinstance(obj, range):
         return _from_range(obj, name)
     if isinstance(obj, (str, bytes, bytearray)):
         raise TypeError(f"{name} must be a 1-D sequence of integers, not {_describe(obj)}")
-    if (isinstance(obj, memoryview) or hasattr(obj, "__array__") or _has_buffer(obj)
-            or hasattr(obj, "__dlpack__")):
+    if (isinstance(obj, memoryview) or _has(obj, "__array__", name) or _has_buffer(obj, name)
+            or _has(obj, "__dlpack__", name)):
         return _from_array(_read_array(obj, name), name)
     if isinstance(obj, Sequence):
         return _from_sequence(obj, name)
     raise TypeError(f"{name} must be a 1-D sequence of integers, not {_describe(obj)}")
 
 
-def _has_buffer(obj: Any) -> bool:
+def _has_buffer(obj: Any, name: str) -> bool:
     try:
         memoryview(obj).release()
     except TypeError:
         return False
+    except MemoryError:
+        raise
+    except Exception as exc:  # a buffer that refuses to be read (a closed mmap)
+        raise TypeError(f"{name} could not be read: {_describe(exc)}: {exc}") from exc
     return True
 
 
@@ -316,9 +383,33 @@ def check_same_length(
         )
 
 
+def _range_out_of_bounds(r: range, n: int) -> None:
+    """IndexError for the first entry of ``r`` outside ``[-n, n)``, found without
+    reading ``r`` (a range of in-bound indices has at most 2n entries)."""
+    length = _range_length(r)
+    if length == 0:
+        return
+    start, step = r.start, r.step
+    if not -n <= start < n:
+        bad = 0
+    elif step > 0:
+        bad = (n - start + step - 1) // step  # the first k with start + k*step >= n
+    else:
+        bad = (start + n) // -step + 1  # the first k with start + k*step < -n
+    if bad < length:
+        raise IndexError(f"indices[{bad}] = {start + bad * step} is out of range for {n} rows")
+
+
 def as_indices(indices: Any, n: int) -> np.ndarray:
-    """Coerce ``indices`` to int64 and check them with Python list semantics."""
-    idx = as_lengths(indices, "indices").astype(np.int64, copy=False)
+    """Coerce ``indices`` to int64 and check them with Python list semantics.
+
+    The result is always kvest's own copy: the compiled kernels read it with
+    the GIL released, after checking it here.
+    """
+    if isinstance(indices, range):
+        _range_int64(indices, "indices")
+        _range_out_of_bounds(indices, n)
+    idx = as_lengths(indices, "indices").astype(np.int64, copy=True)
     bad = np.flatnonzero((idx < -n) | (idx >= n))
     if bad.size:
         pos = int(bad[0])
@@ -356,13 +447,16 @@ def _out_buffer(buf: Any, name: str, n: int) -> np.ndarray:
     if isinstance(buf, np.ma.MaskedArray):
         raise TypeError(f"{name} must be a plain NumPy array or CPU tensor, not a masked array")
     if isinstance(buf, np.ndarray):
-        arr = buf
-    elif _is_torch_tensor(buf):
+        # Its own flags and dtype, never what a subclass says they are.
+        arr = _plain(buf)
+    elif _is_torch_tensor(buf, name):
         arr = _torch_numpy(buf, name)
-    elif hasattr(buf, "__dlpack__"):
+    elif _has(buf, "__dlpack__", name):
         try:
-            arr = np.from_dlpack(buf)
+            arr = _ndarray(np.from_dlpack(buf), name)
         except MemoryError:
+            raise
+        except TypeError:
             raise
         except Exception as exc:
             raise TypeError(
@@ -421,18 +515,19 @@ def as_out(out: Any, n: int, *inputs: tuple[str, Any]) -> tuple[np.ndarray, np.n
 
 def as_reqs(reqs: Any) -> Any:
     """``reqs`` checked to be an iterable of request objects (returned as is)."""
-    if isinstance(reqs, (str, bytes, bytearray)) or not hasattr(reqs, "__iter__"):
+    if isinstance(reqs, (str, bytes, bytearray)) or not _has(reqs, "__iter__", "reqs"):
         raise TypeError(
             f"reqs must be a sequence of request objects, not {_describe(reqs)}")
     return reqs
 
 
-def req_length(req: Any, pos: int, attr: str) -> int:
+def req_length(req: Any, pos: int, attr: str, exact: bool = False) -> int:
     """``req.<attr>`` (flat layout) or ``req.kv.<attr>`` (nested layout), checked.
 
     The input rule for request objects, shared by both implementations: an
-    integer (``__index__``, not bool) in ``[0, INT64_MAX]``; ``pos`` names the
-    request in messages.
+    integer (``operator.index``, not bool, not an array or tensor) in
+    ``[0, INT64_MAX]``, or with ``exact`` only a value whose type is ``int``;
+    ``pos`` names the request in messages.
     """
     try:
         value = getattr(req, attr)
@@ -449,7 +544,17 @@ def req_length(req: Any, pos: int, attr: str) -> int:
         raise
     except Exception as exc:
         raise req_read_error(exc, pos, f".{attr}") from exc
-    return req_length_value(value, pos, attr)
+    return req_length_value(value, pos, attr, exact)
+
+
+def beam_attr(obj: Any, attr: str, pos: int, path: str) -> Any:
+    """``obj.<attr>``, read for ``reqs[pos]<path>`` by the beam sum: missing is an
+    AttributeError naming the position; any other failure is the caller's own
+    exception, unchanged, as upstream's expression raises it."""
+    try:
+        return getattr(obj, attr)
+    except AttributeError:
+        raise AttributeError(f"reqs[{pos}] has no {path}") from None
 
 
 def reqs_read_error(exc: Exception, pos: int) -> TypeError:
@@ -464,21 +569,51 @@ def req_read_error(exc: Exception, pos: int, path: str) -> TypeError:
     return TypeError(f"reqs[{pos}]{path} could not be read: {_describe(exc)}: {exc}")
 
 
-def req_length_value(value: Any, pos: int, attr: str) -> int:
+def _not_exact(value: Any, what: str) -> TypeError:
+    return TypeError(f"{what} must be an int, not {_describe(value)} (exact_ints=True)")
+
+
+def req_length_value(value: Any, pos: int, attr: str, exact: bool = False) -> int:
     """The value read for ``reqs[pos].<attr>`` as a length: see :func:`req_length`."""
+    what = f"reqs[{pos}].{attr}"
+    if exact and type(value) is not int:
+        raise _not_exact(value, what)
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"reqs[{pos}].{attr} must be an integer, not bool")
+        raise TypeError(f"{what} must be an integer, not bool")
+    if _is_array_like(value, what):
+        raise TypeError(f"{what} must be an integer, not {_describe(value)} "
+                        "(an array or tensor is not a scalar, even with one element)")
     try:
-        value = value.__index__()
-    except (AttributeError, TypeError):
+        # operator.index, as Python's own arithmetic reads an int subclass:
+        # by its value, never by an __index__ it overrides.
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, not {_describe(value)}") from None
+    except MemoryError:
+        raise
+    except Exception as exc:
         raise TypeError(
-            f"reqs[{pos}].{attr} must be an integer, not {type(value).__name__}"
-        ) from None
+            f"{what} could not be read as an integer: {_describe(exc)}: {exc}") from exc
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an integer, not bool")
     if value < 0:
-        raise ValueError(f"reqs[{pos}].{attr} = {value} is negative; lengths must be >= 0")
+        raise ValueError(f"{what} = {value} is negative; lengths must be >= 0")
     if value > INT64_MAX:
-        raise OverflowError(f"reqs[{pos}].{attr} = {value} does not fit in int64")
+        raise OverflowError(f"{what} = {value} does not fit in int64")
     return value
+
+
+def beam_rows_value(value: Any, pos: int, exact: bool) -> Any:
+    """``reqs[pos].beam_group.num_member_rows`` as the beam sum adds it: as it is
+    (``sum()`` semantics), or with ``exact`` only a value whose type is ``int``."""
+    if exact and type(value) is not int:
+        raise _not_exact(value, f"reqs[{pos}].beam_group.num_member_rows")
+    return value
+
+
+def plan_grew_error(m: int) -> IndexError:
+    """A list of requests that grew, while a plan sized for its ``m`` rows was filled."""
+    return IndexError(f"reqs grew past the {m} rows the plan was sized for while it was read")
 
 
 def req_rows(reqs: Any, indices: Any) -> tuple[Any, np.ndarray | None]:
@@ -486,6 +621,9 @@ def req_rows(reqs: Any, indices: Any) -> tuple[Any, np.ndarray | None]:
 
     With ``indices``, ``reqs`` must be a sequence (``len`` and indexing); rows
     follow Python list semantics and are checked before any request is read.
+    They come back as positions in ``[0, n)`` for the ``n`` they were checked
+    against: reading ``indices`` may run code that changes ``reqs``, and a
+    second ``len(reqs)`` would then turn a negative index into another row.
     """
     if indices is None:
         return reqs, None
@@ -496,7 +634,14 @@ def req_rows(reqs: Any, indices: Any) -> tuple[Any, np.ndarray | None]:
             f"reqs must be a sequence (len and indexing) when indices is given, "
             f"not {_describe(reqs)}"
         ) from None
-    return reqs, as_indices(indices, n)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"reqs could not be read: len(reqs) raised {_describe(exc)}: {exc}"
+                        ) from exc
+    idx = as_indices(indices, n)
+    idx[idx < 0] += n
+    return reqs, idx
 
 
 _PLAN_DTYPES = {np.dtype(np.int32): np.int32, np.dtype(np.int64): np.int64}

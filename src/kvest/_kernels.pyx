@@ -169,18 +169,27 @@ if os.environ.get("KVEST_CPU", "").strip():
 
 # ------------------------------------------------------------ argument parsing
 
+cdef inline bint _readable(object obj) noexcept:
+    """A plain 1-D contiguous aligned native int32/int64 ndarray, judged by its C
+    fields: what a subclass says of itself (dtype, flags) is never asked."""
+    return (cnp.PyArray_CheckExact(obj) and cnp.PyArray_NDIM(<cnp.ndarray>obj) == 1
+            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>obj)  # also: native byte order
+            and cnp.PyArray_ISSIGNED(<cnp.ndarray>obj)
+            and cnp.PyArray_ITEMSIZE(<cnp.ndarray>obj) >= 4)
+
+
 cdef inline cnp.ndarray _lengths(object obj, str name):
     """obj as a contiguous native int32/int64 array; such arrays pass as they are.
 
     Only a plain ndarray takes the shortcut: a subclass (a masked array, whose
     data holds values its caller masked out) goes through the input rules.
     """
-    if (cnp.PyArray_CheckExact(obj) and cnp.PyArray_NDIM(<cnp.ndarray>obj) == 1
-            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>obj)
-            and cnp.PyArray_ISSIGNED(<cnp.ndarray>obj)
-            and cnp.PyArray_ITEMSIZE(<cnp.ndarray>obj) >= 4):
+    if _readable(obj):
         return <cnp.ndarray>obj
-    return <cnp.ndarray>as_lengths(obj, name)
+    arr = as_lengths(obj, name)
+    if not _readable(arr):  # never trusted blindly: the pointer arithmetic depends on it
+        raise TypeError(f"{name}: internal error, the input rule gave {type(arr).__name__}")
+    return <cnp.ndarray>arr
 
 
 cdef inline bint _flag(object value, str name) except -1:
@@ -190,6 +199,14 @@ cdef inline bint _flag(object value, str name) except -1:
     if value is False:
         return False
     return as_flag(value, name)
+
+
+cdef inline cnp.ndarray _snapshot(cnp.ndarray arr):
+    """kvest's own copy of arr, for the checked paths: they read the values
+    several times (sign checks, the loop, the overflow report), and another
+    thread may write the caller's array between the reads.  The fast loops
+    need none: they check each value in the same pass that uses it."""
+    return cnp.PyArray_NewCopy(arr, cnp.NPY_CORDER)
 
 
 cdef inline const void *_data(cnp.ndarray arr) noexcept:
@@ -283,6 +300,8 @@ def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
     cdef FastCall f = FastCall(loop=SPEC_V2_PAGES, x=cp, y=ap, width=w, n=n, arg=r, idx=idx, m=m)
     if _fast(&f, p, r, &pages):
         return _times_page(pages, p, "spec_v2_new_tokens")
+    c, a = _snapshot(c), _snapshot(a)
+    cp, ap = _data(c), _data(a)
     first_negative(c, "committed", sel)
     first_negative(a, "allocated", sel)
     with nogil:
@@ -339,6 +358,8 @@ cdef object _mod_count(object lengths, str name, int64_t p, int64_t want, object
                                idx=idx, m=m)
     if _fast(&f, p, 0, &count):
         return count
+    c = _snapshot(c)
+    cp = _data(c)
     first_negative(c, name, sel)
     with nogil:
         if w == 4:
@@ -390,6 +411,8 @@ def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
     cdef FastCall f = FastCall(loop=EXTEND_PAGES, x=sp, y=pp, width=w, n=n, arg=0, idx=NULL, m=n)
     if _fast(&f, p, 0, &pages):
         return <int64_t>pages
+    s, pre = _snapshot(s), _snapshot(pre)
+    sp, pp = _data(s), _data(pre)
     first_negative(s, "seq_lens")
     first_negative(pre, "prefix_lens")
     with nogil:
@@ -562,6 +585,16 @@ def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=
     else:
         code = _plan_into(<const int64_t *>_data(c), <const int64_t *>_data(a), n, p, r,
                           aligned, cur_buf, nxt_buf, sums, &row)
+    if code != PLAN_OK:
+        # Again over kvest's own copy, which no other thread writes: the
+        # report below reads the same values as the loop that failed.
+        c, a = _snapshot(c), _snapshot(a)
+        if _width(c) == 4:
+            code = _plan_into(<const int32_t *>_data(c), <const int32_t *>_data(a), n, p, r,
+                              aligned, cur_buf, nxt_buf, sums, &row)
+        else:
+            code = _plan_into(<const int64_t *>_data(c), <const int64_t *>_data(a), n, p, r,
+                              aligned, cur_buf, nxt_buf, sums, &row)
     if code != PLAN_OK:
         # A negative length anywhere is reported first, as the reference does.
         first_negative(c, "committed")
