@@ -204,5 +204,5 @@ def beam_member_rows_from_reqs(
         if beam_attr(req, "beam_group", pos, ".beam_group") is not None:
             group = beam_attr(req, "beam_group", pos, ".beam_group")
             rows_ = beam_attr(group, "num_member_rows", pos, ".beam_group.num_member_rows")
-            total += beam_rows_value(rows_, pos, exact)
+            total = total + beam_rows_value(rows_, pos, exact)  # the compiled sum adds so
     return total
