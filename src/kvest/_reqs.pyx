@@ -165,6 +165,7 @@ cdef struct Job:
     int64_t pages  # PLAN
     uint64_t count  # DECODE
     Py_ssize_t row  # PLAN: the output row being written
+    Py_ssize_t rows  # PLAN: the rows cur and nxt hold; never written past
     void *cur
     void *nxt
     bint cur32, nxt32
@@ -275,6 +276,8 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
         if kv_plan_row(c, a, job.p, job.r, job.aligned, &nxt):
             return _overflow(job, pos, c, a)
         pages = kv_ceil_div(nxt, job.p) - kv_ceil_div(a, job.p)
+    if job.row >= job.rows:  # whatever the walk: the buffers are sized once
+        raise plan_grew_error(job.rows)
     if job.cur32:
         if a > INT32_MAX:
             return _plan_range(job, 0, a)
@@ -463,7 +466,7 @@ cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout,
     job.aligned = True
     job.tokens = job.pages = 0
     job.count = 0
-    job.row = 0
+    job.row = job.rows = 0
     job.cur = job.nxt = NULL
     job.cur32 = job.nxt32 = False
     job.beam_total = NULL
@@ -555,6 +558,9 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_
     else:
         cur_out, nxt_out = as_plan_out(out, m, dtype)
     cdef cnp.ndarray cur_buf = cur_out, nxt_buf = nxt_out
+    if not (_plan_buffer(cur_buf, m) and _plan_buffer(nxt_buf, m)):
+        raise TypeError("out: internal error, the checked buffers are not writable int arrays")
+    job.rows = m
     job.cur = cnp.PyArray_DATA(cur_buf)
     job.nxt = cnp.PyArray_DATA(nxt_buf)
     job.cur32 = cnp.PyArray_ITEMSIZE(cur_buf) == 4
@@ -569,6 +575,15 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_
     else:
         _walk_rows(&job, reqs, sel.rows, sel.m)
     return AllocPlan(cur_out, nxt_out, job.tokens, job.pages)
+
+
+cdef inline bint _plan_buffer(cnp.ndarray arr, Py_ssize_t m) noexcept:
+    """What the plan writes through, judged by the array's C fields alone: plain,
+    1-D, m rows, C-contiguous, aligned, writable, native int32 or int64."""
+    return (cnp.PyArray_CheckExact(arr) and cnp.PyArray_NDIM(arr) == 1
+            and cnp.PyArray_DIMS(arr)[0] == m and cnp.PyArray_ISCARRAY(arr)
+            and cnp.PyArray_ISSIGNED(arr)
+            and (cnp.PyArray_ITEMSIZE(arr) == 4 or cnp.PyArray_ITEMSIZE(arr) == 8))
 
 
 cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
