@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from kvest._errors import int64_overflow
+
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 
@@ -438,7 +440,7 @@ def first_negative(arr: Any, name: str, rows: Any = None) -> None:
 def result_int64(value: int, what: str) -> int:
     """Return ``value`` if it fits in int64, else raise ``OverflowError``."""
     if not INT64_MIN <= value <= INT64_MAX:
-        raise OverflowError(f"{what} = {value} does not fit in int64")
+        raise int64_overflow(what, value)
     return value
 
 

@@ -49,8 +49,8 @@ import os
 
 import numpy as np
 
+from kvest._errors import int64_overflow, plan_overflow, spec_v2_overflow
 from kvest._inputs import (
-    INT64_MAX as _INT64_MAX,
     as_flag,
     as_indices,
     as_lengths,
@@ -234,10 +234,12 @@ cdef inline int64_t _row(const int64_t *idx, int64_t j, int64_t n) noexcept nogi
 cdef int64_t _spec_v2_checked(const length_t *c, const length_t *a, int64_t n,
                               const int64_t *idx, int64_t m, int64_t p, int64_t r,
                               int64_t *result) noexcept nogil:
+    # The status of a failure: the row, and in *result the total before it.
     cdef int64_t j, i, tokens, total = 0
     for j in range(m):
         i = _row(idx, j, n)
         if kv_spec_v2_row(c[i], a[i], p, r, &tokens) or kv_add_total(&total, tokens):
+            result[0] = total
             return j + 1
     result[0] = total
     return 0
@@ -312,33 +314,13 @@ def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
             bad = _spec_v2_checked(<const int64_t *>cp, <const int64_t *>ap, n, idx, m, p, r,
                                    &total)
     if bad:
-        _spec_v2_overflow(c, a, p, r, sel, bad - 1)
+        i = _row(idx, bad - 1, n)
+        raise spec_v2_overflow(i, int(c[i]), int(a[i]), p, r, total)
     return total
 
 
 def _ceil_div_int(x, p):
     return -(-x // p)
-
-
-def _spec_v2_overflow(c, a, p, r, sel, last):
-    """Raise the OverflowError the checked loop found at selected row ``last``,
-    worded as the reference words it: the rows up to it, in Python ints."""
-    n = len(c)
-    rows = range(last + 1) if sel is None else [int(i) % n for i in sel[:last + 1]]
-    total = 0
-    for i in rows:
-        ci, ai = int(c[i]), int(a[i])
-        if ci + r > _INT64_MAX:
-            raise OverflowError(f"committed[{i}] + reserve = {ci + r} does not fit in int64")
-        need = _ceil_div_int(max(ai, ci + r), p) * p
-        if need > _INT64_MAX:
-            raise OverflowError(f"ceil_align(max(allocated[{i}], committed[{i}] + reserve), "
-                                f"page_size) = {need} does not fit in int64")
-        total += need - _ceil_div_int(ai, p) * p
-        if total > _INT64_MAX:
-            raise OverflowError(f"spec_v2_new_tokens: the running total {total} at row {i} "
-                                "does not fit in int64")
-    raise AssertionError("the checked loop reported an overflow that is not there")
 
 
 cdef object _mod_count(object lengths, str name, int64_t p, int64_t want, object indices):
@@ -423,7 +405,7 @@ def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
     if bad:
         exact = sum(_ceil_div_int(x, p) - _ceil_div_int(y, p)
                     for x, y in zip(s.tolist(), pre.tolist()))
-        raise OverflowError(f"num_new_pages = {exact} does not fit in int64")
+        raise int64_overflow("num_new_pages", exact)
     return total
 
 
@@ -509,17 +491,23 @@ cdef int _plan(const length_t *c, const length_t *a, int64_t n, int64_t p, int64
         row[0] = i
         ci = c[i]
         ai = a[i]
+        # A failure's status: the code, its row, and (sums[0]) the total before it.
         if ci < 0 or ai < 0:
+            sums[0] = tokens
             return PLAN_NEGATIVE
         if kv_plan_row(ci, ai, p, r, aligned, &need):
+            sums[0] = tokens
             return PLAN_OVERFLOW
         if ai > limit:
+            sums[0] = tokens
             return PLAN_CUR_RANGE
         if need > limit:
+            sums[0] = tokens
             return PLAN_NXT_RANGE
         cur[i] = <out_t>ai
         nxt[i] = <out_t>need
         if kv_add_total(&tokens, need - ai):
+            sums[0] = tokens
             return PLAN_OVERFLOW
         pages += _ceil_div(need, p) - _ceil_div(ai, p)  # <= tokens: cannot overflow
     sums[0] = tokens
@@ -599,7 +587,8 @@ def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=
         # A negative length anywhere is reported first, as the reference does.
         first_negative(c, "committed")
         first_negative(a, "allocated")
-        _plan_overflow(c, a, p, r, aligned, cur_buf.dtype, row)
+        raise plan_overflow(row, int(c[row]), int(a[row]), p, r, aligned, cur_buf.dtype,
+                            sums[0])
     if out is None:
         return AllocPlan(cur_buf, nxt_buf, sums[0], sums[1])
     # The caller's own objects (arrays or tensors), now filled.
@@ -648,30 +637,3 @@ cdef bint _plain_out(object out, int64_t n, object committed, object allocated,
             if not (_apart(cur, arr) and _apart(nxt, arr)):
                 return False
     return True
-
-
-def _plan_overflow(c, a, p, r, aligned, dtype, last):
-    """Raise the OverflowError the plan loop found at row ``last``, worded as
-    the reference words it: the rows up to it, in Python ints."""
-    limit = int(np.iinfo(dtype).max)
-    tokens = 0
-    for i in range(last + 1):
-        ci, ai = int(c[i]), int(a[i])
-        need = ci + r
-        if need > _INT64_MAX:
-            raise OverflowError(f"committed[{i}] + reserve = {need} does not fit in int64")
-        if aligned:
-            need = _ceil_div_int(need, p) * p
-            if need > _INT64_MAX:
-                raise OverflowError(f"ceil_align(committed[{i}] + reserve, page_size) = {need} "
-                                    "does not fit in int64")
-        need = max(ai, need)
-        if ai > limit:
-            raise OverflowError(f"out[0][{i}] = {ai} does not fit in {dtype}")
-        if need > limit:
-            raise OverflowError(f"out[1][{i}] = {need} does not fit in {dtype}")
-        tokens += need - ai
-        if tokens > _INT64_MAX:
-            raise OverflowError(f"num_tokens: the running total {tokens} at row {i} "
-                                "does not fit in int64")
-    raise AssertionError("the plan loop reported an overflow that is not there")

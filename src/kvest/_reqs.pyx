@@ -45,6 +45,7 @@ from kvest._common cimport (
 
 import numpy as np
 
+from kvest._errors import plan_reqs_overflow, spec_v2_reqs_overflow
 from kvest._inputs import (
     as_flag,
     as_plan_out,
@@ -173,27 +174,12 @@ cdef struct Job:
 
 
 cdef int _overflow(Job *job, Py_ssize_t pos, int64_t c, int64_t a) except -1:
-    """Raise the twin's OverflowError for reqs[pos], worded as it words it: the
-    first value that leaves int64, recomputed with Python ints (a cold path)."""
-    cdef object p = job.p, ai = a
-    need = <object>c + job.r
-    if need > INT64_MAX:
-        raise OverflowError(f"reqs[{pos}]: committed + reserve = {need} does not fit in int64")
+    """Raise what the row at reqs[pos] overflowed: the status (the row's values and
+    the total before it) goes to the shared error layer, which words it."""
     if job.kind == SPEC_V2:
-        top = -(-max(ai, need) // p) * p
-        if top > INT64_MAX:
-            raise OverflowError(f"reqs[{pos}]: ceil_align = {top} does not fit in int64")
-        total = job.tokens + top - (-(-ai // p) * p)
-        raise OverflowError(f"spec_v2_new_tokens_from_reqs = {total} does not fit in int64")
-    if job.aligned:
-        need = -(-need // p) * p
-        if need > INT64_MAX:
-            raise OverflowError(f"reqs[{pos}]: ceil_align = {need} does not fit in int64")
-    raise OverflowError(f"num_tokens = {job.tokens + max(ai, need) - ai} does not fit in int64")
-
-
-cdef int _plan_range(Job *job, int out, int64_t value) except -1:
-    raise OverflowError(f"out[{out}][{job.row}] = {value} does not fit its dtype")
+        raise spec_v2_reqs_overflow(pos, c, a, job.p, job.r, job.tokens)
+    raise plan_reqs_overflow(pos, job.row, c, a, job.p, job.r, job.aligned,
+                             INT32_MAX if job.cur32 else INT64_MAX, job.tokens)
 
 
 cdef inline void _cache_init(kv_cache *cache) noexcept:
@@ -280,13 +266,13 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
         raise plan_grew_error(job.rows)
     if job.cur32:
         if a > INT32_MAX:
-            return _plan_range(job, 0, a)
+            return _overflow(job, pos, c, a)
         (<int32_t *>job.cur)[job.row] = <int32_t>a
     else:
         (<int64_t *>job.cur)[job.row] = a
     if job.nxt32:
         if nxt > INT32_MAX:
-            return _plan_range(job, 1, nxt)
+            return _overflow(job, pos, c, a)
         (<int32_t *>job.nxt)[job.row] = <int32_t>nxt
     else:
         (<int64_t *>job.nxt)[job.row] = nxt

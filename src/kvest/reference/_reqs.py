@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvest._errors import plan_reqs_overflow, spec_v2_reqs_overflow
 from kvest._inputs import (
     INT64_MAX,
     as_count,
@@ -42,12 +43,6 @@ def _ceil_align(x: int, p: int) -> int:
 
 def _ceil_div(x: int, p: int) -> int:
     return -(-x // p)
-
-
-def _fits(value: int, what: str) -> int:
-    if value > INT64_MAX:
-        raise OverflowError(f"{what} = {value} does not fit in int64")
-    return value
 
 
 def _length(req: Any, pos: int, attr: str, where: str, exact: bool) -> int:
@@ -118,9 +113,10 @@ def spec_v2_new_tokens_from_reqs(
     for pos, req in _selected(reqs, rows):
         c = _length(req, pos, "kv_committed_len", at_c, exact)
         a = _length(req, pos, "kv_allocated_len", at_a, exact)
-        nxt = max(a, _fits(c + r, f"reqs[{pos}]: committed + reserve"))
-        total += _fits(_ceil_align(nxt, p), f"reqs[{pos}]: ceil_align") - _ceil_align(a, p)
-        _fits(total, "spec_v2_new_tokens_from_reqs")
+        grow = _ceil_align(max(a, c + r), p) - _ceil_align(a, p)
+        if c + r > INT64_MAX or grow + _ceil_align(a, p) > INT64_MAX or total + grow > INT64_MAX:
+            raise spec_v2_reqs_overflow(pos, c, a, p, r, total)
+        total += grow
     return total
 
 
@@ -164,22 +160,19 @@ def decode_alloc_plan_from_reqs(
     if rows is None and not isinstance(reqs, (list, tuple)):
         reqs = list(reqs)  # the plan's length must be known before the first row
     cur_out, nxt_out = as_plan_out(out, len(reqs) if rows is None else len(rows), dtype)
-    limits = [int(np.iinfo(buf.dtype).max) for buf in (cur_out, nxt_out)]
+    limit = int(np.iinfo(cur_out.dtype).max)  # both buffers have one dtype
     tokens = pages = 0
     for j, (pos, req) in enumerate(_selected(reqs, rows)):
         if j == len(cur_out):
             raise plan_grew_error(j)
         c = _length(req, pos, "kv_committed_len", at_c, exact)
         a = _length(req, pos, "kv_allocated_len", at_a, exact)
-        need = _fits(c + r, f"reqs[{pos}]: committed + reserve")
-        if aligned:
-            need = _fits(_ceil_align(need, p), f"reqs[{pos}]: ceil_align")
+        need = _ceil_align(c + r, p) if aligned else c + r
         cur, nxt = a, max(a, need)
-        for value, limit, name in ((cur, limits[0], "out[0]"), (nxt, limits[1], "out[1]")):
-            if value > limit:
-                raise OverflowError(f"{name}[{j}] = {value} does not fit its dtype")
+        if need > INT64_MAX or nxt > limit or tokens + nxt - cur > INT64_MAX:
+            raise plan_reqs_overflow(pos, j, c, a, p, r, aligned, limit, tokens)
         cur_out[j], nxt_out[j] = cur, nxt
-        tokens = _fits(tokens + nxt - cur, "num_tokens")
+        tokens += nxt - cur
         pages += _ceil_div(nxt, p) - _ceil_div(cur, p)
     return AllocPlan(cur_out, nxt_out, tokens, pages)
 
