@@ -546,3 +546,67 @@ def test_list_growing_during_a_plan(impl):
     reqs = [Growing()]
     with pytest.raises(IndexError, match=r"^reqs grew past the 1 rows the plan was sized for"):
         impl.decode_alloc_plan_from_reqs(reqs, 16, 4)
+
+
+class HidesSharing(np.ndarray):
+    """Answers every NumPy function itself: np.shares_memory says False."""
+
+    def __array_function__(self, func, types, args, kwargs):
+        return False
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_overlap_is_judged_on_the_memory_not_the_subclass(impl):
+    base = np.array([1, 2, 3, 40], dtype=np.int64)
+    committed = base.view(HidesSharing)
+    with pytest.raises(ValueError, match=r"^out\[0\] overlaps committed in memory"):
+        impl.decode_alloc_plan(committed, [1, 1, 1, 1], 16, 4,
+                               out=(base, np.empty(4, np.int64)))
+    assert base.tolist() == [1, 2, 3, 40]
+
+
+class Shifty(tuple):
+    """A tuple whose items, read by index, are other arrays than the ones it holds."""
+
+    def __getitem__(self, i):
+        return np.empty(1, np.int64)
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_out_tuple_subclass_read_once(impl):
+    cur, nxt = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    plan = impl.decode_alloc_plan([1], [1], 16, 4, out=Shifty((cur, nxt)))
+    assert plan.cur is cur and plan.nxt is nxt  # the buffers written, and returned
+    assert (cur.tolist(), nxt.tolist(), plan.num_tokens) == ([1], [16], 15)
+
+
+class FakeTensor:
+    """Looks like a torch tensor (its module says so); its properties fail."""
+
+    numpy = requires_grad = __array__ = None
+
+    @property
+    def device(self):
+        raise RuntimeError("driver gone")
+
+
+FakeTensor.__module__ = "torch.fake"
+
+
+class BadDtype:
+    @property
+    def dtype(self):
+        raise RuntimeError("no dtype")
+
+
+@pytest.mark.parametrize(("name", "args", "kwargs", "fragment"), [
+    ("decode_new_tokens", (FakeTensor(), 16), {}, "committed could not be read"),
+    ("decode_alloc_plan", ([1], [1], 16, 4), {"out": (FakeTensor(), FakeTensor())},
+     "out[0] could not be read"),
+    ("decode_alloc_plan_from_reqs", ([SimpleNamespace(kv_committed_len=1, kv_allocated_len=1)],
+                                     16, 4), {"dtype": BadDtype()}, "dtype must be int32"),
+])
+def test_foreign_exceptions_while_probing_become_type_errors(name, args, kwargs, fragment):
+    assert check_same(name, *args, **kwargs) == ("raise", TypeError)
+    with pytest.raises(TypeError, match=re.escape(fragment)):
+        getattr(kvest, name)(*args, **kwargs)

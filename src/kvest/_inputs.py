@@ -289,13 +289,19 @@ def _torch_numpy(tensor: Any, name: str) -> np.ndarray:
     ``tensor.numpy()`` costs about a third of a DLPack exchange, and needs no
     import of torch here.
     """
-    if tensor.requires_grad:
+    try:
+        requires_grad, device = tensor.requires_grad, tensor.device
+        device = getattr(device, "type", device)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"{name} could not be read: {_describe(exc)}: {exc}") from exc
+    if requires_grad:
         raise TypeError(
             f"{name} is a tensor that requires grad; kvest reads integer lengths "
             "(pass tensor.detach() of an integer tensor)"
         )
-    device = getattr(tensor.device, "type", tensor.device)
-    if device != "cpu":
+    if not (isinstance(device, str) and device == "cpu"):
         raise TypeError(f"{name} is a tensor on {device!s}; kvest reads CPU tensors only")
     try:
         arr = tensor.numpy()
@@ -482,6 +488,19 @@ def _overlap(x: np.ndarray, y: np.ndarray) -> bool:
     return bool(np.may_share_memory(x, y)) and bool(np.shares_memory(x, y))
 
 
+def out_pair(out: Any) -> Any:
+    """``out`` read once as a plain tuple when it is a tuple subclass (whose items
+    read again could be other objects than the ones checked and written)."""
+    if not isinstance(out, tuple) or type(out) is tuple:
+        return out
+    try:
+        return tuple(out)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"out could not be read: {_describe(exc)}: {exc}") from exc
+
+
 def as_out(out: Any, n: int, *inputs: tuple[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Check ``out=(cur, nxt)`` buffers for :func:`decode_alloc_plan`, or make them.
 
@@ -506,7 +525,8 @@ def as_out(out: Any, n: int, *inputs: tuple[str, Any]) -> tuple[np.ndarray, np.n
     arrays: dict[int, tuple[str, np.ndarray]] = {}
     for input_name, arr in inputs:
         if isinstance(arr, np.ndarray):
-            arrays.setdefault(id(arr), (input_name, arr))
+            # The memory it spans, not what a subclass's __array_function__ says.
+            arrays.setdefault(id(arr), (input_name, _plain(arr)))
     for name, buf in (("out[0]", cur), ("out[1]", nxt)):
         for input_name, arr in arrays.values():
             if n and _overlap(buf, arr):
@@ -659,8 +679,10 @@ def as_plan_out(out: Any, n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     if dtype is not None:
         try:
             want = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype must be int32 or int64, not {dtype!r}") from None
+        except MemoryError:
+            raise
+        except Exception:
+            raise TypeError(f"dtype must be int32 or int64, not {_describe(dtype)}") from None
         if want not in _PLAN_DTYPES:
             raise TypeError(f"dtype must be int32 or int64, got {want}")
     if out is None:

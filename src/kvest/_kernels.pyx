@@ -57,6 +57,7 @@ from kvest._inputs import (
     as_out,
     check_same_length,
     first_negative,
+    out_pair,
 )
 from kvest._names import ARRAY_FUNCTIONS
 from kvest._types import AllocPlan
@@ -556,6 +557,8 @@ def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=
     cdef cnp.ndarray cur_buf, nxt_buf
     if _len(a) != n:
         check_same_length(c, "committed", a, "allocated")
+    if out is not None and type(out) is not tuple:
+        out = out_pair(out)  # read once: the plan returns the objects it wrote
     if out is None:
         cur_buf, nxt_buf = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     elif _plain_out(out, n, committed, allocated, c, a):

@@ -32,6 +32,7 @@ from kvest._inputs import (
     as_out,
     check_same_length,
     first_negative,
+    out_pair,
     result_int64,
 )
 from kvest._names import ARRAY_FUNCTIONS
@@ -233,6 +234,7 @@ def decode_alloc_plan(
     c_arr = as_lengths(committed, "committed")
     a_arr = as_lengths(allocated, "allocated")
     check_same_length(c_arr, "committed", a_arr, "allocated")
+    out = out_pair(out)  # read once: the plan returns the objects it wrote
     if out is None:
         cur_out, nxt_out = np.empty(len(c_arr), np.int64), np.empty(len(c_arr), np.int64)
     else:
