@@ -610,3 +610,42 @@ def test_foreign_exceptions_while_probing_become_type_errors(name, args, kwargs,
     assert check_same(name, *args, **kwargs) == ("raise", TypeError)
     with pytest.raises(TypeError, match=re.escape(fragment)):
         getattr(kvest, name)(*args, **kwargs)
+
+
+def _failing_generator():
+    yield SimpleNamespace(kv_committed_len=1, kv_allocated_len=1, beam_group=None)
+    raise RuntimeError("stream closed")
+
+
+class FailingIter:
+    def __iter__(self):
+        raise RuntimeError("no iterator")
+
+
+@pytest.mark.parametrize("fn", REQ_FUNCTIONS, ids=list(REQ_FUNCTIONS))
+@pytest.mark.parametrize(("make", "where"), [(_failing_generator, 1), (FailingIter, 0)],
+                         ids=["generator", "__iter__"])
+def test_reqs_whose_iteration_fails(fn, make, where):
+    name, args = REQ_FUNCTIONS[fn]
+    for impl in IMPLS:
+        with pytest.raises(TypeError, match=rf"^reqs could not be read at reqs\[{where}\]: "
+                                            "RuntimeError"):
+            getattr(impl, name)(make(), *args)
+
+
+class LoudStr(str):
+    def __hash__(self):
+        raise RuntimeError("unhashable today")
+
+    def __eq__(self, other):
+        raise RuntimeError("incomparable today")
+
+
+@pytest.mark.parametrize("layout", ["nested", "flat", "bogus"])
+def test_layout_str_subclass_read_by_its_characters(layout):
+    reqs = [SimpleNamespace(kv_committed_len=16, kv_allocated_len=16,
+                            kv=SimpleNamespace(kv_committed_len=16, kv_allocated_len=16))]
+    for name, args in (("spec_v2_new_tokens_from_reqs", (16, 20)),
+                       ("decode_new_tokens_from_reqs", (16,))):
+        assert (check_same(name, reqs, *args, layout=LoudStr(layout))
+                == check_same(name, reqs, *args, layout=layout))

@@ -543,6 +543,32 @@ def as_reqs(reqs: Any) -> Any:
     return reqs
 
 
+def reqs_iter(reqs: Any) -> Any:
+    """``iter(reqs)``; an ``__iter__`` that fails is a TypeError naming reqs[0]."""
+    try:
+        return iter(reqs)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise reqs_read_error(exc, 0) from exc
+
+
+def reqs_list(reqs: Any) -> list[Any]:
+    """``list(reqs)`` for a container that is not a list or tuple, read as the
+    walks read it: a failure is a TypeError naming the position it failed at."""
+    it = reqs_iter(reqs)
+    out: list[Any] = []
+    while True:
+        try:
+            out.append(next(it))
+        except StopIteration:
+            return out
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise reqs_read_error(exc, len(out)) from exc
+
+
 def req_length(req: Any, pos: int, attr: str, exact: bool = False) -> int:
     """``req.<attr>`` (flat layout) or ``req.kv.<attr>`` (nested layout), checked.
 
@@ -712,9 +738,11 @@ def as_req_layout(layout: Any) -> tuple[str, str]:
     """Where ``layout`` says each length is: see :data:`REQ_LAYOUTS`."""
     if layout is not None and not isinstance(layout, str):
         raise TypeError(f"layout must be None or a string, not {_describe(layout)}")
+    if layout is not None and type(layout) is not str:
+        layout = str.__str__(layout)  # its characters, never a subclass's __hash__ or __eq__
     try:
         return REQ_LAYOUTS[layout]
     except KeyError:
         raise ValueError(
-            f"layout must be None, 'flat', 'mixed' or 'nested', got {layout!r}"
+            f"layout must be None, 'flat', 'mixed' or 'nested', got {str.__repr__(layout)}"
         ) from None

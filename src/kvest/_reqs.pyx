@@ -58,6 +58,8 @@ from kvest._inputs import (
     req_length_value,
     req_read_error,
     req_rows,
+    reqs_iter,
+    reqs_list,
     reqs_read_error,
 )
 from kvest._names import REQ_FUNCTIONS
@@ -336,7 +338,7 @@ cdef int _walk_all(Job *job, object reqs) except -1:
             _row(job, &cache, req, pos)
             pos += 1
     else:
-        it = iter(reqs)
+        it = reqs_iter(reqs)
         while True:
             try:
                 req = next(it)
@@ -529,7 +531,7 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_
     job.aligned = aligned
     if indices is None:
         if type(reqs) is not list and type(reqs) is not tuple:
-            reqs = list(reqs)  # the plan's length must be known before the first row
+            reqs = reqs_list(reqs)  # the plan's length must be known before the first row
         m = len(reqs)
     else:
         sel = _select(reqs, indices)

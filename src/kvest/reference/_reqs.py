@@ -28,6 +28,8 @@ from kvest._inputs import (
     req_length_value,
     req_read_error,
     req_rows,
+    reqs_iter,
+    reqs_list,
     reqs_read_error,
     result_int64,
 )
@@ -65,7 +67,7 @@ def _selected(reqs: Any, rows: np.ndarray | None) -> Iterator[tuple[int, Any]]:
     """(position, request) for every selected request, in order; a container
     that fails while read is a TypeError naming the position."""
     if rows is None:
-        it = iter(reqs)
+        it = reqs_iter(reqs)
         pos = 0
         while True:
             try:
@@ -158,7 +160,7 @@ def decode_alloc_plan_from_reqs(
     exact = as_flag(exact_ints, "exact_ints")
     reqs, rows = req_rows(reqs, indices)
     if rows is None and not isinstance(reqs, (list, tuple)):
-        reqs = list(reqs)  # the plan's length must be known before the first row
+        reqs = reqs_list(reqs)  # the plan's length must be known before the first row
     cur_out, nxt_out = as_plan_out(out, len(reqs) if rows is None else len(rows), dtype)
     limit = int(np.iinfo(cur_out.dtype).max)  # both buffers have one dtype
     tokens = pages = 0
