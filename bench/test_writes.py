@@ -1,5 +1,5 @@
 """The request-object writers against the loops they replace, on SGLang 0.5.23-shaped
-requests (``kvest._bench.Req0523``: 157 attributes, ``req.kv`` a slots dataclass).
+requests (``kvest._bench.requests.NestedReq``: 157 attributes, ``req.kv`` a slots dataclass).
 
 A group is one loop at one batch size; its members are the loop as SGLang 0.5.23
 writes it (``loop``) and kvest's writer (``kvest``), each on its own identical batch.
@@ -15,7 +15,7 @@ import functools
 import pytest
 
 import kvest
-from kvest._bench import Req0523
+from kvest._bench.requests import NestedReq
 
 SIZES = [1, 64, 1024, 4096]
 NESTED = (("kv", "kv_allocated_len"), ("kv", "kv_committed_len"))
@@ -40,7 +40,7 @@ def spec_decode_max_loop(reqs, nxt_kv_lens_list):
 
 
 def batch(n: int) -> list:
-    reqs = [Req0523(1000 + 7 * i, 1000 + 7 * i + (i % 16)) for i in range(n)]
+    reqs = [NestedReq(1000 + 7 * i, 1000 + 7 * i + (i % 16)) for i in range(n)]
     for r in reqs:
         r.decode_batch_idx = 0  # set in Req.__init__ upstream; the stand-in lacks it
     return reqs

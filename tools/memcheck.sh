@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "$log".*' EXIT
 # `python "$(command -v pytest)"`, not `python -m pytest`: the installed kvest,
 # not the source tree in the current directory.
 export PYTHONMALLOC=malloc OPENBLAS_NUM_THREADS=1 KVEST_REQUIRE_COMPILED=1
@@ -21,9 +21,13 @@ export HYPOTHESIS_PROFILE=quick
 args=("$@")
 [ ${#args[@]} -gt 0 ] || args=(tests/test_examples.py tests/test_inputs.py)
 status=0
-valgrind --tool=memcheck --leak-check=no --num-callers=40 --log-file="$log" \
+# --trace-children: tests/test_hostile.py runs its crash-prone cases in
+# subprocesses, which memcheck must watch too (%p: one log per process).
+valgrind --tool=memcheck --leak-check=no --num-callers=40 --trace-children=yes \
+    --log-file="$log.%p" \
     python "$(command -v pytest)" -q -p no:cacheprovider "${args[@]}" || status=$?
 [ "$status" -eq 0 ] || { echo "the tests failed under valgrind (exit $status)"; exit 1; }
+cat "$log".* > "$log"
 python - "$log" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()

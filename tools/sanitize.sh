@@ -31,6 +31,9 @@ export LD_PRELOAD
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export KVEST_REQUIRE_COMPILED=1 PYTHONMALLOC=malloc
+# tests/test_hostile.py runs its crash-prone cases in subprocesses: they inherit
+# the preloaded runtimes and import this instrumented build.
 python -m pytest -q -p no:cacheprovider \
-    tests/test_differential.py tests/test_inputs.py tests/test_reqs.py tests/test_examples.py "$@"
+    tests/test_differential.py tests/test_inputs.py tests/test_reqs.py tests/test_examples.py \
+    tests/test_hostile.py "$@"
 echo "sanitizers: clean"

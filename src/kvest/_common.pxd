@@ -56,6 +56,12 @@ cdef inline int64_t _count(object value, str name, int64_t minimum) except -1:
     return as_count(value, name, minimum)
 
 
+cdef inline int _overflow(str what, object value) except -1:
+    """Raise the error layer's OverflowError for ``what = value`` (a cold path)."""
+    from kvest._errors import int64_overflow
+    raise int64_overflow(what, value)
+
+
 cdef inline bint _fast_range(int64_t n, int64_t p, int64_t reserve) noexcept:
     return (n < KV_FAST_MAX_ROWS and <uint64_t>p < KV_FAST_LIMIT
             and <uint64_t>reserve < KV_FAST_LIMIT)
@@ -63,7 +69,7 @@ cdef inline bint _fast_range(int64_t n, int64_t p, int64_t reserve) noexcept:
 
 cdef inline object _times_page(uint64_t count, int64_t p, str what):
     if count > <uint64_t>(INT64_MAX // p):
-        raise OverflowError(f"{what} = {<object>count * p} does not fit in int64")
+        _overflow(what, <object>count * p)
     return <int64_t>(count * <uint64_t>p)
 
 
@@ -75,14 +81,14 @@ cdef inline int64_t _ceil_div(int64_t x, int64_t p) noexcept nogil:
 cdef inline int64_t _fits_add(int64_t x, int64_t y, str what) except? -1:
     # x, y >= 0
     if x > INT64_MAX - y:
-        raise OverflowError(f"{what} = {<object>x + y} does not fit in int64")
+        _overflow(what, <object>x + y)
     return x + y
 
 
 cdef inline int64_t _fits_mul(int64_t x, int64_t y, str what) except? -1:
     # x, y >= 0
     if y != 0 and x > INT64_MAX // y:
-        raise OverflowError(f"{what} = {<object>x * y} does not fit in int64")
+        _overflow(what, <object>x * y)
     return x * y
 
 

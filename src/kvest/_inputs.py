@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from kvest._errors import int64_overflow
+
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 
@@ -50,12 +52,35 @@ def _describe(obj: Any) -> str:
     return type(obj).__name__
 
 
-def _is_array_like(obj: Any) -> bool:
+def _has(obj: Any, attr: str, name: str) -> bool:
+    """``hasattr(obj, attr)``, where an attribute lookup that fails with anything
+    but AttributeError (a raising ``__getattr__``) is a TypeError naming ``name``."""
+    try:
+        return hasattr(obj, attr)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"{name} could not be read: {_describe(exc)}: {exc}") from exc
+
+
+def _is_array_like(obj: Any, name: str) -> bool:
     """An array or tensor (NumPy scalars excepted): never a scalar, never an item."""
     if isinstance(obj, np.generic):
         return False
-    return isinstance(obj, np.ndarray) or hasattr(obj, "__array__") or hasattr(
-        obj, "__dlpack__")
+    return isinstance(obj, np.ndarray) or _has(obj, "__array__", name) or _has(
+        obj, "__dlpack__", name)
+
+
+def _plain(arr: np.ndarray) -> np.ndarray:
+    """An ndarray subclass as the plain ndarray over the same memory.
+
+    A subclass may say anything about itself (its ``dtype``, ``flags``,
+    ``astype``, ``view``): the base class's own view reads the C-level
+    descriptor and flags, and nothing the subclass defines is called.
+    """
+    if type(arr) is np.ndarray:
+        return arr
+    return np.ndarray.view(arr, np.ndarray)
 
 
 def as_count(value: Any, name: str, minimum: int = 0, *, optional: bool = False) -> int:
@@ -69,7 +94,7 @@ def as_count(value: Any, name: str, minimum: int = 0, *, optional: bool = False)
         return 0
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an integer, not bool")
-    if _is_array_like(value):
+    if _is_array_like(value, name):
         raise TypeError(
             f"{name} must be an integer, not {_describe(value)} "
             "(an array or tensor is not a scalar, even with one element)"
@@ -135,23 +160,34 @@ def _from_array(arr: np.ndarray, name: str) -> np.ndarray:
             return arr.view(np.ndarray) if type(arr) is not np.ndarray else arr
         return np.array(arr, dtype=arr.dtype, order="C")
     if kind == "u" and arr.dtype.itemsize == 8:
-        big = np.flatnonzero(arr > INT64_MAX)
+        # Converted first, then checked: the values judged are the values kept,
+        # even if another thread writes the caller's array meanwhile.
+        wrapped = arr.astype(np.int64)
+        big = np.flatnonzero(wrapped < 0)
         if big.size:
             pos = int(big[0])
-            raise OverflowError(f"{name}[{pos}] = {int(arr[pos])} does not fit in int64")
+            raise OverflowError(
+                f"{name}[{pos}] = {int(wrapped[pos]) + 2**64} does not fit in int64")
+        return wrapped
     # Narrower types, uint32, uint64 in range and byte-swapped arrays: the
     # smallest native type that holds every value of the dtype.
     narrow = arr.dtype.itemsize < 4 or (kind == "i" and arr.dtype.itemsize == 4)
     return arr.astype(np.int32 if narrow else np.int64)
 
 
-def _from_range(r: range, name: str) -> np.ndarray:
-    """A ``range`` without reading it item by item: bounds checked exactly."""
+def _range_length(r: range) -> int:
+    # len(r) raises OverflowError past sys.maxsize: computed here instead.
     start, step = r.start, r.step
-    length = max(0, -((start - r.stop) // step) if step > 0 else -((r.stop - start) // -step))
+    return max(0, -((start - r.stop) // step) if step > 0 else -((r.stop - start) // -step))
+
+
+def _range_int64(r: range, name: str) -> int:
+    """The length of ``r``, after an OverflowError for its first value outside
+    int64, if any (values are monotonic: found without reading them)."""
+    start, step = r.start, r.step
+    length = _range_length(r)
     if length == 0:
-        return np.zeros(0, dtype=np.int64)
-    # The first position whose value leaves int64, if any (values are monotonic).
+        return 0
     if not INT64_MIN <= start <= INT64_MAX:
         bad = 0
     elif step > 0:
@@ -160,6 +196,15 @@ def _from_range(r: range, name: str) -> np.ndarray:
         bad = (start - INT64_MIN) // -step + 1
     if bad < length:
         raise OverflowError(f"{name}[{bad}] = {start + bad * step} does not fit in int64")
+    return length
+
+
+def _from_range(r: range, name: str) -> np.ndarray:
+    """A ``range`` without reading it item by item: bounds checked exactly."""
+    start, step = r.start, r.step
+    length = _range_int64(r, name)
+    if length == 0:
+        return np.zeros(0, dtype=np.int64)
     # Modular (unsigned) arithmetic is exact when every value fits the signed
     # type of the same width, which is checked here and above;
     # np.arange(start, stop, step) is not: it sizes its result in floating
@@ -179,10 +224,11 @@ def _item(v: Any, pos: int, name: str) -> int:
     """Item ``pos`` of a sequence as a Python int in int64 range."""
     if isinstance(v, (bool, np.bool_)):
         raise TypeError(f"{name}[{pos}] must be an integer, not bool")
+    item = f"{name}[{pos}]"
     if isinstance(v, (list, tuple)) or (
-            _is_array_like(v) and getattr(v, "ndim", 1) != 0):
+            _is_array_like(v, item) and _ndim(v, item) != 0):
         raise ValueError(f"{name} must be 1-D, but {name}[{pos}] is a {_describe(v)}")
-    if _is_array_like(v):
+    if _is_array_like(v, item):
         raise TypeError(
             f"{name}[{pos}] must be an integer, not a 0-d {_describe(v)}")
     try:
@@ -200,6 +246,15 @@ def _item(v: Any, pos: int, name: str) -> int:
     if not INT64_MIN <= iv <= INT64_MAX:
         raise OverflowError(f"{name}[{pos}] = {iv} does not fit in int64")
     return iv
+
+
+def _ndim(v: Any, name: str) -> Any:
+    try:
+        return getattr(v, "ndim", 1)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"{name} could not be read: {_describe(exc)}: {exc}") from exc
 
 
 def _from_sequence(seq: Sequence[Any], name: str) -> np.ndarray:
@@ -221,9 +276,11 @@ def _from_sequence(seq: Sequence[Any], name: str) -> np.ndarray:
     return np.array([_item(v, pos, name) for pos, v in enumerate(values)], dtype=np.int64)
 
 
-def _is_torch_tensor(obj: Any) -> bool:
-    return (type(obj).__module__.startswith("torch") and hasattr(obj, "numpy")
-            and hasattr(obj, "requires_grad") and hasattr(obj, "device"))
+def _is_torch_tensor(obj: Any, name: str) -> bool:
+    module = getattr(type(obj), "__module__", None)
+    return (isinstance(module, str) and module.startswith("torch")
+            and _has(obj, "numpy", name) and _has(obj, "requires_grad", name)
+            and _has(obj, "device", name))
 
 
 def _torch_numpy(tensor: Any, name: str) -> np.ndarray:
@@ -232,28 +289,44 @@ def _torch_numpy(tensor: Any, name: str) -> np.ndarray:
     ``tensor.numpy()`` costs about a third of a DLPack exchange, and needs no
     import of torch here.
     """
-    if tensor.requires_grad:
+    try:
+        requires_grad, device = tensor.requires_grad, tensor.device
+        device = getattr(device, "type", device)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"{name} could not be read: {_describe(exc)}: {exc}") from exc
+    if requires_grad:
         raise TypeError(
             f"{name} is a tensor that requires grad; kvest reads integer lengths "
             "(pass tensor.detach() of an integer tensor)"
         )
-    device = getattr(tensor.device, "type", tensor.device)
-    if device != "cpu":
+    if not (isinstance(device, str) and device == "cpu"):
         raise TypeError(f"{name} is a tensor on {device!s}; kvest reads CPU tensors only")
     try:
-        return tensor.numpy()
+        arr = tensor.numpy()
     except MemoryError:
         raise
     except Exception as exc:
         raise TypeError(f"{name} could not be read as an array: {_describe(exc)}: {exc}") from exc
+    return _ndarray(arr, name)
+
+
+def _ndarray(arr: Any, name: str) -> np.ndarray:
+    """What a conversion returned, as a plain ndarray: anything else is a TypeError."""
+    if isinstance(arr, np.ma.MaskedArray):
+        raise _masked(name)
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name} could not be read as an array: it gave {_describe(arr)}")
+    return _plain(arr)
 
 
 def _read_array(obj: Any, name: str) -> np.ndarray:
     """``obj`` as an ndarray: torch tensors, ``__array__``, buffers, ``__dlpack__``."""
-    if _is_torch_tensor(obj):
+    if _is_torch_tensor(obj, name):
         return _torch_numpy(obj, name)
     try:
-        if hasattr(obj, "__array__") or _has_buffer(obj):
+        if _has(obj, "__array__", name) or _has_buffer(obj, name):
             arr = np.asarray(obj)
         else:
             arr = np.from_dlpack(obj)
@@ -261,9 +334,7 @@ def _read_array(obj: Any, name: str) -> np.ndarray:
         raise
     except Exception as exc:
         raise TypeError(f"{name} could not be read as an array: {_describe(exc)}: {exc}") from exc
-    if isinstance(arr, np.ma.MaskedArray):
-        raise _masked(name)
-    return arr
+    return _ndarray(arr, name)
 
 
 def _masked(name: str) -> TypeError:
@@ -283,26 +354,30 @@ def as_lengths(obj: Any, name: str) -> np.ndarray:
     if isinstance(obj, np.ndarray):
         if isinstance(obj, np.ma.MaskedArray):
             raise _masked(name)
-        return _from_array(obj, name)
+        return _from_array(_plain(obj), name)
     if isinstance(obj, (list, tuple)):
         return _from_sequence(obj, name)
     if isinstance(obj, range):
         return _from_range(obj, name)
     if isinstance(obj, (str, bytes, bytearray)):
         raise TypeError(f"{name} must be a 1-D sequence of integers, not {_describe(obj)}")
-    if (isinstance(obj, memoryview) or hasattr(obj, "__array__") or _has_buffer(obj)
-            or hasattr(obj, "__dlpack__")):
+    if (isinstance(obj, memoryview) or _has(obj, "__array__", name) or _has_buffer(obj, name)
+            or _has(obj, "__dlpack__", name)):
         return _from_array(_read_array(obj, name), name)
     if isinstance(obj, Sequence):
         return _from_sequence(obj, name)
     raise TypeError(f"{name} must be a 1-D sequence of integers, not {_describe(obj)}")
 
 
-def _has_buffer(obj: Any) -> bool:
+def _has_buffer(obj: Any, name: str) -> bool:
     try:
         memoryview(obj).release()
     except TypeError:
         return False
+    except MemoryError:
+        raise
+    except Exception as exc:  # a buffer that refuses to be read (a closed mmap)
+        raise TypeError(f"{name} could not be read: {_describe(exc)}: {exc}") from exc
     return True
 
 
@@ -316,9 +391,33 @@ def check_same_length(
         )
 
 
+def _range_out_of_bounds(r: range, n: int) -> None:
+    """IndexError for the first entry of ``r`` outside ``[-n, n)``, found without
+    reading ``r`` (a range of in-bound indices has at most 2n entries)."""
+    length = _range_length(r)
+    if length == 0:
+        return
+    start, step = r.start, r.step
+    if not -n <= start < n:
+        bad = 0
+    elif step > 0:
+        bad = (n - start + step - 1) // step  # the first k with start + k*step >= n
+    else:
+        bad = (start + n) // -step + 1  # the first k with start + k*step < -n
+    if bad < length:
+        raise IndexError(f"indices[{bad}] = {start + bad * step} is out of range for {n} rows")
+
+
 def as_indices(indices: Any, n: int) -> np.ndarray:
-    """Coerce ``indices`` to int64 and check them with Python list semantics."""
-    idx = as_lengths(indices, "indices").astype(np.int64, copy=False)
+    """Coerce ``indices`` to int64 and check them with Python list semantics.
+
+    The result is always kvest's own copy: the compiled kernels read it with
+    the GIL released, after checking it here.
+    """
+    if isinstance(indices, range):
+        _range_int64(indices, "indices")
+        _range_out_of_bounds(indices, n)
+    idx = as_lengths(indices, "indices").astype(np.int64, copy=True)
     bad = np.flatnonzero((idx < -n) | (idx >= n))
     if bad.size:
         pos = int(bad[0])
@@ -347,7 +446,7 @@ def first_negative(arr: Any, name: str, rows: Any = None) -> None:
 def result_int64(value: int, what: str) -> int:
     """Return ``value`` if it fits in int64, else raise ``OverflowError``."""
     if not INT64_MIN <= value <= INT64_MAX:
-        raise OverflowError(f"{what} = {value} does not fit in int64")
+        raise int64_overflow(what, value)
     return value
 
 
@@ -356,13 +455,16 @@ def _out_buffer(buf: Any, name: str, n: int) -> np.ndarray:
     if isinstance(buf, np.ma.MaskedArray):
         raise TypeError(f"{name} must be a plain NumPy array or CPU tensor, not a masked array")
     if isinstance(buf, np.ndarray):
-        arr = buf
-    elif _is_torch_tensor(buf):
+        # Its own flags and dtype, never what a subclass says they are.
+        arr = _plain(buf)
+    elif _is_torch_tensor(buf, name):
         arr = _torch_numpy(buf, name)
-    elif hasattr(buf, "__dlpack__"):
+    elif _has(buf, "__dlpack__", name):
         try:
-            arr = np.from_dlpack(buf)
+            arr = _ndarray(np.from_dlpack(buf), name)
         except MemoryError:
+            raise
+        except TypeError:
             raise
         except Exception as exc:
             raise TypeError(
@@ -384,6 +486,19 @@ def _out_buffer(buf: Any, name: str, n: int) -> np.ndarray:
 def _overlap(x: np.ndarray, y: np.ndarray) -> bool:
     # Bounds first (constant time), then the exact test for strided arrays.
     return bool(np.may_share_memory(x, y)) and bool(np.shares_memory(x, y))
+
+
+def out_pair(out: Any) -> Any:
+    """``out`` read once as a plain tuple when it is a tuple subclass (whose items
+    read again could be other objects than the ones checked and written)."""
+    if not isinstance(out, tuple) or type(out) is tuple:
+        return out
+    try:
+        return tuple(out)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"out could not be read: {_describe(exc)}: {exc}") from exc
 
 
 def as_out(out: Any, n: int, *inputs: tuple[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -410,7 +525,8 @@ def as_out(out: Any, n: int, *inputs: tuple[str, Any]) -> tuple[np.ndarray, np.n
     arrays: dict[int, tuple[str, np.ndarray]] = {}
     for input_name, arr in inputs:
         if isinstance(arr, np.ndarray):
-            arrays.setdefault(id(arr), (input_name, arr))
+            # The memory it spans, not what a subclass's __array_function__ says.
+            arrays.setdefault(id(arr), (input_name, _plain(arr)))
     for name, buf in (("out[0]", cur), ("out[1]", nxt)):
         for input_name, arr in arrays.values():
             if n and _overlap(buf, arr):
@@ -421,18 +537,45 @@ def as_out(out: Any, n: int, *inputs: tuple[str, Any]) -> tuple[np.ndarray, np.n
 
 def as_reqs(reqs: Any) -> Any:
     """``reqs`` checked to be an iterable of request objects (returned as is)."""
-    if isinstance(reqs, (str, bytes, bytearray)) or not hasattr(reqs, "__iter__"):
+    if isinstance(reqs, (str, bytes, bytearray)) or not _has(reqs, "__iter__", "reqs"):
         raise TypeError(
             f"reqs must be a sequence of request objects, not {_describe(reqs)}")
     return reqs
 
 
-def req_length(req: Any, pos: int, attr: str) -> int:
+def reqs_iter(reqs: Any) -> Any:
+    """``iter(reqs)``; an ``__iter__`` that fails is a TypeError naming reqs[0]."""
+    try:
+        return iter(reqs)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise reqs_read_error(exc, 0) from exc
+
+
+def reqs_list(reqs: Any) -> list[Any]:
+    """``list(reqs)`` for a container that is not a list or tuple, read as the
+    walks read it: a failure is a TypeError naming the position it failed at."""
+    it = reqs_iter(reqs)
+    out: list[Any] = []
+    while True:
+        try:
+            out.append(next(it))
+        except StopIteration:
+            return out
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise reqs_read_error(exc, len(out)) from exc
+
+
+def req_length(req: Any, pos: int, attr: str, exact: bool = False) -> int:
     """``req.<attr>`` (flat layout) or ``req.kv.<attr>`` (nested layout), checked.
 
     The input rule for request objects, shared by both implementations: an
-    integer (``__index__``, not bool) in ``[0, INT64_MAX]``; ``pos`` names the
-    request in messages.
+    integer (``operator.index``, not bool, not an array or tensor) in
+    ``[0, INT64_MAX]``, or with ``exact`` only a value whose type is ``int``;
+    ``pos`` names the request in messages.
     """
     try:
         value = getattr(req, attr)
@@ -449,7 +592,17 @@ def req_length(req: Any, pos: int, attr: str) -> int:
         raise
     except Exception as exc:
         raise req_read_error(exc, pos, f".{attr}") from exc
-    return req_length_value(value, pos, attr)
+    return req_length_value(value, pos, attr, exact)
+
+
+def beam_attr(obj: Any, attr: str, pos: int, path: str) -> Any:
+    """``obj.<attr>``, read for ``reqs[pos]<path>`` by the beam sum: missing is an
+    AttributeError naming the position; any other failure is the caller's own
+    exception, unchanged, as upstream's expression raises it."""
+    try:
+        return getattr(obj, attr)
+    except AttributeError:
+        raise AttributeError(f"reqs[{pos}] has no {path}") from None
 
 
 def reqs_read_error(exc: Exception, pos: int) -> TypeError:
@@ -464,21 +617,51 @@ def req_read_error(exc: Exception, pos: int, path: str) -> TypeError:
     return TypeError(f"reqs[{pos}]{path} could not be read: {_describe(exc)}: {exc}")
 
 
-def req_length_value(value: Any, pos: int, attr: str) -> int:
+def _not_exact(value: Any, what: str) -> TypeError:
+    return TypeError(f"{what} must be an int, not {_describe(value)} (exact_ints=True)")
+
+
+def req_length_value(value: Any, pos: int, attr: str, exact: bool = False) -> int:
     """The value read for ``reqs[pos].<attr>`` as a length: see :func:`req_length`."""
+    what = f"reqs[{pos}].{attr}"
+    if exact and type(value) is not int:
+        raise _not_exact(value, what)
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"reqs[{pos}].{attr} must be an integer, not bool")
+        raise TypeError(f"{what} must be an integer, not bool")
+    if _is_array_like(value, what):
+        raise TypeError(f"{what} must be an integer, not {_describe(value)} "
+                        "(an array or tensor is not a scalar, even with one element)")
     try:
-        value = value.__index__()
-    except (AttributeError, TypeError):
+        # operator.index, as Python's own arithmetic reads an int subclass:
+        # by its value, never by an __index__ it overrides.
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, not {_describe(value)}") from None
+    except MemoryError:
+        raise
+    except Exception as exc:
         raise TypeError(
-            f"reqs[{pos}].{attr} must be an integer, not {type(value).__name__}"
-        ) from None
+            f"{what} could not be read as an integer: {_describe(exc)}: {exc}") from exc
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an integer, not bool")
     if value < 0:
-        raise ValueError(f"reqs[{pos}].{attr} = {value} is negative; lengths must be >= 0")
+        raise ValueError(f"{what} = {value} is negative; lengths must be >= 0")
     if value > INT64_MAX:
-        raise OverflowError(f"reqs[{pos}].{attr} = {value} does not fit in int64")
+        raise OverflowError(f"{what} = {value} does not fit in int64")
     return value
+
+
+def beam_rows_value(value: Any, pos: int, exact: bool) -> Any:
+    """``reqs[pos].beam_group.num_member_rows`` as the beam sum adds it: as it is
+    (``sum()`` semantics), or with ``exact`` only a value whose type is ``int``."""
+    if exact and type(value) is not int:
+        raise _not_exact(value, f"reqs[{pos}].beam_group.num_member_rows")
+    return value
+
+
+def plan_grew_error(m: int) -> IndexError:
+    """A list of requests that grew, while a plan sized for its ``m`` rows was filled."""
+    return IndexError(f"reqs grew past the {m} rows the plan was sized for while it was read")
 
 
 def req_rows(reqs: Any, indices: Any) -> tuple[Any, np.ndarray | None]:
@@ -486,6 +669,9 @@ def req_rows(reqs: Any, indices: Any) -> tuple[Any, np.ndarray | None]:
 
     With ``indices``, ``reqs`` must be a sequence (``len`` and indexing); rows
     follow Python list semantics and are checked before any request is read.
+    They come back as positions in ``[0, n)`` for the ``n`` they were checked
+    against: reading ``indices`` may run code that changes ``reqs``, and a
+    second ``len(reqs)`` would then turn a negative index into another row.
     """
     if indices is None:
         return reqs, None
@@ -496,7 +682,14 @@ def req_rows(reqs: Any, indices: Any) -> tuple[Any, np.ndarray | None]:
             f"reqs must be a sequence (len and indexing) when indices is given, "
             f"not {_describe(reqs)}"
         ) from None
-    return reqs, as_indices(indices, n)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        raise TypeError(f"reqs could not be read: len(reqs) raised {_describe(exc)}: {exc}"
+                        ) from exc
+    idx = as_indices(indices, n)
+    idx[idx < 0] += n
+    return reqs, idx
 
 
 _PLAN_DTYPES = {np.dtype(np.int32): np.int32, np.dtype(np.int64): np.int64}
@@ -512,8 +705,10 @@ def as_plan_out(out: Any, n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     if dtype is not None:
         try:
             want = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype must be int32 or int64, not {dtype!r}") from None
+        except MemoryError:
+            raise
+        except Exception:
+            raise TypeError(f"dtype must be int32 or int64, not {_describe(dtype)}") from None
         if want not in _PLAN_DTYPES:
             raise TypeError(f"dtype must be int32 or int64, got {want}")
     if out is None:
@@ -543,9 +738,11 @@ def as_req_layout(layout: Any) -> tuple[str, str]:
     """Where ``layout`` says each length is: see :data:`REQ_LAYOUTS`."""
     if layout is not None and not isinstance(layout, str):
         raise TypeError(f"layout must be None or a string, not {_describe(layout)}")
+    if layout is not None and type(layout) is not str:
+        layout = str.__str__(layout)  # its characters, never a subclass's __hash__ or __eq__
     try:
         return REQ_LAYOUTS[layout]
     except KeyError:
         raise ValueError(
-            f"layout must be None, 'flat', 'mixed' or 'nested', got {layout!r}"
+            f"layout must be None, 'flat', 'mixed' or 'nested', got {str.__repr__(layout)}"
         ) from None

@@ -49,14 +49,15 @@ import os
 
 import numpy as np
 
+from kvest._errors import int64_overflow, plan_overflow, spec_v2_overflow
 from kvest._inputs import (
-    INT64_MAX as _INT64_MAX,
     as_flag,
     as_indices,
     as_lengths,
     as_out,
     check_same_length,
     first_negative,
+    out_pair,
 )
 from kvest._names import ARRAY_FUNCTIONS
 from kvest._types import AllocPlan
@@ -169,18 +170,27 @@ if os.environ.get("KVEST_CPU", "").strip():
 
 # ------------------------------------------------------------ argument parsing
 
+cdef inline bint _readable(object obj) noexcept:
+    """A plain 1-D contiguous aligned native int32/int64 ndarray, judged by its C
+    fields: what a subclass says of itself (dtype, flags) is never asked."""
+    return (cnp.PyArray_CheckExact(obj) and cnp.PyArray_NDIM(<cnp.ndarray>obj) == 1
+            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>obj)  # also: native byte order
+            and cnp.PyArray_ISSIGNED(<cnp.ndarray>obj)
+            and cnp.PyArray_ITEMSIZE(<cnp.ndarray>obj) >= 4)
+
+
 cdef inline cnp.ndarray _lengths(object obj, str name):
     """obj as a contiguous native int32/int64 array; such arrays pass as they are.
 
     Only a plain ndarray takes the shortcut: a subclass (a masked array, whose
     data holds values its caller masked out) goes through the input rules.
     """
-    if (cnp.PyArray_CheckExact(obj) and cnp.PyArray_NDIM(<cnp.ndarray>obj) == 1
-            and cnp.PyArray_ISCARRAY_RO(<cnp.ndarray>obj)
-            and cnp.PyArray_ISSIGNED(<cnp.ndarray>obj)
-            and cnp.PyArray_ITEMSIZE(<cnp.ndarray>obj) >= 4):
+    if _readable(obj):
         return <cnp.ndarray>obj
-    return <cnp.ndarray>as_lengths(obj, name)
+    arr = as_lengths(obj, name)
+    if not _readable(arr):  # never trusted blindly: the pointer arithmetic depends on it
+        raise TypeError(f"{name}: internal error, the input rule gave {type(arr).__name__}")
+    return <cnp.ndarray>arr
 
 
 cdef inline bint _flag(object value, str name) except -1:
@@ -190,6 +200,14 @@ cdef inline bint _flag(object value, str name) except -1:
     if value is False:
         return False
     return as_flag(value, name)
+
+
+cdef inline cnp.ndarray _snapshot(cnp.ndarray arr):
+    """kvest's own copy of arr, for the checked paths: they read the values
+    several times (sign checks, the loop, the overflow report), and another
+    thread may write the caller's array between the reads.  The fast loops
+    need none: they check each value in the same pass that uses it."""
+    return cnp.PyArray_NewCopy(arr, cnp.NPY_CORDER)
 
 
 cdef inline const void *_data(cnp.ndarray arr) noexcept:
@@ -217,10 +235,12 @@ cdef inline int64_t _row(const int64_t *idx, int64_t j, int64_t n) noexcept nogi
 cdef int64_t _spec_v2_checked(const length_t *c, const length_t *a, int64_t n,
                               const int64_t *idx, int64_t m, int64_t p, int64_t r,
                               int64_t *result) noexcept nogil:
+    # The status of a failure: the row, and in *result the total before it.
     cdef int64_t j, i, tokens, total = 0
     for j in range(m):
         i = _row(idx, j, n)
         if kv_spec_v2_row(c[i], a[i], p, r, &tokens) or kv_add_total(&total, tokens):
+            result[0] = total
             return j + 1
     result[0] = total
     return 0
@@ -283,6 +303,8 @@ def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
     cdef FastCall f = FastCall(loop=SPEC_V2_PAGES, x=cp, y=ap, width=w, n=n, arg=r, idx=idx, m=m)
     if _fast(&f, p, r, &pages):
         return _times_page(pages, p, "spec_v2_new_tokens")
+    c, a = _snapshot(c), _snapshot(a)
+    cp, ap = _data(c), _data(a)
     first_negative(c, "committed", sel)
     first_negative(a, "allocated", sel)
     with nogil:
@@ -293,33 +315,13 @@ def spec_v2_new_tokens(committed, allocated, page_size, reserve, indices=None):
             bad = _spec_v2_checked(<const int64_t *>cp, <const int64_t *>ap, n, idx, m, p, r,
                                    &total)
     if bad:
-        _spec_v2_overflow(c, a, p, r, sel, bad - 1)
+        i = _row(idx, bad - 1, n)
+        raise spec_v2_overflow(i, int(c[i]), int(a[i]), p, r, total)
     return total
 
 
 def _ceil_div_int(x, p):
     return -(-x // p)
-
-
-def _spec_v2_overflow(c, a, p, r, sel, last):
-    """Raise the OverflowError the checked loop found at selected row ``last``,
-    worded as the reference words it: the rows up to it, in Python ints."""
-    n = len(c)
-    rows = range(last + 1) if sel is None else [int(i) % n for i in sel[:last + 1]]
-    total = 0
-    for i in rows:
-        ci, ai = int(c[i]), int(a[i])
-        if ci + r > _INT64_MAX:
-            raise OverflowError(f"committed[{i}] + reserve = {ci + r} does not fit in int64")
-        need = _ceil_div_int(max(ai, ci + r), p) * p
-        if need > _INT64_MAX:
-            raise OverflowError(f"ceil_align(max(allocated[{i}], committed[{i}] + reserve), "
-                                f"page_size) = {need} does not fit in int64")
-        total += need - _ceil_div_int(ai, p) * p
-        if total > _INT64_MAX:
-            raise OverflowError(f"spec_v2_new_tokens: the running total {total} at row {i} "
-                                "does not fit in int64")
-    raise AssertionError("the checked loop reported an overflow that is not there")
 
 
 cdef object _mod_count(object lengths, str name, int64_t p, int64_t want, object indices):
@@ -339,6 +341,8 @@ cdef object _mod_count(object lengths, str name, int64_t p, int64_t want, object
                                idx=idx, m=m)
     if _fast(&f, p, 0, &count):
         return count
+    c = _snapshot(c)
+    cp = _data(c)
     first_negative(c, name, sel)
     with nogil:
         if w == 4:
@@ -390,6 +394,8 @@ def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
     cdef FastCall f = FastCall(loop=EXTEND_PAGES, x=sp, y=pp, width=w, n=n, arg=0, idx=NULL, m=n)
     if _fast(&f, p, 0, &pages):
         return <int64_t>pages
+    s, pre = _snapshot(s), _snapshot(pre)
+    sp, pp = _data(s), _data(pre)
     first_negative(s, "seq_lens")
     first_negative(pre, "prefix_lens")
     with nogil:
@@ -400,7 +406,7 @@ def num_new_pages(seq_lens, page_size, prefix_lens=None, decode=False):
     if bad:
         exact = sum(_ceil_div_int(x, p) - _ceil_div_int(y, p)
                     for x, y in zip(s.tolist(), pre.tolist()))
-        raise OverflowError(f"num_new_pages = {exact} does not fit in int64")
+        raise int64_overflow("num_new_pages", exact)
     return total
 
 
@@ -486,17 +492,23 @@ cdef int _plan(const length_t *c, const length_t *a, int64_t n, int64_t p, int64
         row[0] = i
         ci = c[i]
         ai = a[i]
+        # A failure's status: the code, its row, and (sums[0]) the total before it.
         if ci < 0 or ai < 0:
+            sums[0] = tokens
             return PLAN_NEGATIVE
         if kv_plan_row(ci, ai, p, r, aligned, &need):
+            sums[0] = tokens
             return PLAN_OVERFLOW
         if ai > limit:
+            sums[0] = tokens
             return PLAN_CUR_RANGE
         if need > limit:
+            sums[0] = tokens
             return PLAN_NXT_RANGE
         cur[i] = <out_t>ai
         nxt[i] = <out_t>need
         if kv_add_total(&tokens, need - ai):
+            sums[0] = tokens
             return PLAN_OVERFLOW
         pages += _ceil_div(need, p) - _ceil_div(ai, p)  # <= tokens: cannot overflow
     sums[0] = tokens
@@ -545,6 +557,8 @@ def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=
     cdef cnp.ndarray cur_buf, nxt_buf
     if _len(a) != n:
         check_same_length(c, "committed", a, "allocated")
+    if out is not None and type(out) is not tuple:
+        out = out_pair(out)  # read once: the plan returns the objects it wrote
     if out is None:
         cur_buf, nxt_buf = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     elif _plain_out(out, n, committed, allocated, c, a):
@@ -563,10 +577,21 @@ def decode_alloc_plan(committed, allocated, page_size, reserve, *, page_aligned=
         code = _plan_into(<const int64_t *>_data(c), <const int64_t *>_data(a), n, p, r,
                           aligned, cur_buf, nxt_buf, sums, &row)
     if code != PLAN_OK:
+        # Again over kvest's own copy, which no other thread writes: the
+        # report below reads the same values as the loop that failed.
+        c, a = _snapshot(c), _snapshot(a)
+        if _width(c) == 4:
+            code = _plan_into(<const int32_t *>_data(c), <const int32_t *>_data(a), n, p, r,
+                              aligned, cur_buf, nxt_buf, sums, &row)
+        else:
+            code = _plan_into(<const int64_t *>_data(c), <const int64_t *>_data(a), n, p, r,
+                              aligned, cur_buf, nxt_buf, sums, &row)
+    if code != PLAN_OK:
         # A negative length anywhere is reported first, as the reference does.
         first_negative(c, "committed")
         first_negative(a, "allocated")
-        _plan_overflow(c, a, p, r, aligned, cur_buf.dtype, row)
+        raise plan_overflow(row, int(c[row]), int(a[row]), p, r, aligned, cur_buf.dtype,
+                            sums[0])
     if out is None:
         return AllocPlan(cur_buf, nxt_buf, sums[0], sums[1])
     # The caller's own objects (arrays or tensors), now filled.
@@ -615,30 +640,3 @@ cdef bint _plain_out(object out, int64_t n, object committed, object allocated,
             if not (_apart(cur, arr) and _apart(nxt, arr)):
                 return False
     return True
-
-
-def _plan_overflow(c, a, p, r, aligned, dtype, last):
-    """Raise the OverflowError the plan loop found at row ``last``, worded as
-    the reference words it: the rows up to it, in Python ints."""
-    limit = int(np.iinfo(dtype).max)
-    tokens = 0
-    for i in range(last + 1):
-        ci, ai = int(c[i]), int(a[i])
-        need = ci + r
-        if need > _INT64_MAX:
-            raise OverflowError(f"committed[{i}] + reserve = {need} does not fit in int64")
-        if aligned:
-            need = _ceil_div_int(need, p) * p
-            if need > _INT64_MAX:
-                raise OverflowError(f"ceil_align(committed[{i}] + reserve, page_size) = {need} "
-                                    "does not fit in int64")
-        need = max(ai, need)
-        if ai > limit:
-            raise OverflowError(f"out[0][{i}] = {ai} does not fit in {dtype}")
-        if need > limit:
-            raise OverflowError(f"out[1][{i}] = {need} does not fit in {dtype}")
-        tokens += need - ai
-        if tokens > _INT64_MAX:
-            raise OverflowError(f"num_tokens: the running total {tokens} at row {i} "
-                                "does not fit in int64")
-    raise AssertionError("the plan loop reported an overflow that is not there")

@@ -11,7 +11,9 @@ from kvest._types import AllocPlan
 __all__: list[str]
 
 # `indices` is any 1-D integer sequence (list, tuple, NumPy array, ...); with it, `reqs`
-# must be a Sequence.
+# must be a Sequence.  It is the parameter after the scalars in every function.
+# `exact_ints=True`: a length (or beam row count) whose type is not exactly `int` is a
+# TypeError, where the default reads it through `operator.index`.
 def spec_v2_new_tokens_from_reqs(
     reqs: Iterable[Any] | Sequence[Any],
     page_size: int,
@@ -19,6 +21,7 @@ def spec_v2_new_tokens_from_reqs(
     indices: Any = None,
     *,
     layout: Literal["flat", "mixed", "nested"] | None = None,
+    exact_ints: bool = False,
 ) -> int: ...
 def decode_new_tokens_from_reqs(
     reqs: Iterable[Any] | Sequence[Any],
@@ -26,18 +29,20 @@ def decode_new_tokens_from_reqs(
     indices: Any = None,
     *,
     layout: Literal["flat", "mixed", "nested"] | None = None,
+    exact_ints: bool = False,
 ) -> int: ...
 def decode_alloc_plan_from_reqs(
     reqs: Iterable[Any] | Sequence[Any],
     page_size: int,
     reserve: int,
+    indices: Any = None,
     *,
     page_aligned: bool = True,
-    indices: Any = None,
     out: tuple[np.ndarray, np.ndarray] | None = None,
     dtype: npt.DTypeLike = None,
     layout: Literal["flat", "mixed", "nested"] | None = None,
+    exact_ints: bool = False,
 ) -> AllocPlan: ...
 def beam_member_rows_from_reqs(
-    reqs: Iterable[Any] | Sequence[Any], indices: Any = None
+    reqs: Iterable[Any] | Sequence[Any], indices: Any = None, *, exact_ints: bool = False
 ) -> Any: ...

@@ -1,4 +1,6 @@
-# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# Bounds checks on: a request's property can shrink the list being read, so
+# every index into a caller's container is checked (the C reads check by hand).
+# cython: language_level=3, boundscheck=True, wraparound=False, cdivision=True
 # cython: initializedcheck=False
 # Free-threading: the module keeps no state; every call keeps its per-type
 # lookup cache on its own stack and reads its requests through the C API
@@ -43,14 +45,21 @@ from kvest._common cimport (
 
 import numpy as np
 
+from kvest._errors import plan_reqs_overflow, spec_v2_reqs_overflow
 from kvest._inputs import (
+    as_flag,
     as_plan_out,
     as_req_layout,
     as_reqs,
+    beam_attr,
+    beam_rows_value,
+    plan_grew_error,
     req_length,
     req_length_value,
     req_read_error,
     req_rows,
+    reqs_iter,
+    reqs_list,
     reqs_read_error,
 )
 from kvest._names import REQ_FUNCTIONS
@@ -101,7 +110,7 @@ cdef int _raised() except -1:
 
 
 cdef int64_t _length_slow(int status, object req, Py_ssize_t pos, int which, int at,
-                          kv_req_state *st, PyObject *value) except -1:
+                          kv_req_state *st, PyObject *value, bint exact) except -1:
     """The rare outcomes: an error, a missing attribute, a value the Python rule judges."""
     cdef str attr = _COMMITTED if which == KV_COMMITTED else _ALLOCATED
     # Python code may run from here: a held req.kv may no longer be current.
@@ -115,7 +124,7 @@ cdef int64_t _length_slow(int status, object req, Py_ssize_t pos, int which, int
             if at == KV_AT_EITHER:
                 # Which read failed (req.<name>, req.kv or req.kv.<name>) is for the
                 # shared rule to tell, as the twin's: it reads again and words it.
-                return req_length(req, pos, attr)
+                return req_length(req, pos, attr, exact)
             raise req_read_error(exc, pos, f"{'.kv.' if at == KV_AT_NESTED else '.'}{attr}") \
                 from exc
     if status == KV_LEN_MISSING:
@@ -124,18 +133,18 @@ cdef int64_t _length_slow(int status, object req, Py_ssize_t pos, int which, int
         raise AttributeError(f"reqs[{pos}] has no .{'kv.' if at == KV_AT_NESTED else ''}{attr}")
     v = <object>value
     Py_DECREF(v)  # v now holds the reference the lookup returned
-    return req_length_value(v, pos, attr)
+    return req_length_value(v, pos, attr, exact)
 
 
 cdef inline int64_t _length(kv_cache *cache, object req, Py_ssize_t pos, int which, int at,
-                            kv_req_state *st) except -1:
+                            kv_req_state *st, bint exact) except -1:
     """reqs[pos]'s length ``which``, read where ``at`` says and checked by the shared rule."""
     cdef int64_t x = 0
     cdef PyObject *value = NULL
     cdef int status = kv_req_length(cache, <PyObject *>req, which, at, st, &x, &value)
     if status == KV_LEN_OK:
         return x
-    return _length_slow(status, req, pos, which, at, st, value)
+    return _length_slow(status, req, pos, which, at, st, value, exact)
 
 
 # ------------------------------------------------------------- one request
@@ -153,11 +162,13 @@ cdef struct Job:
     int64_t p, r
     bint fast  # p and r in the fast range (each row checks its own lengths)
     bint aligned
+    bint exact  # exact_ints: a length that is not exactly an int is a TypeError
     kv_divisor d
     int64_t tokens  # SPEC_V2, PLAN
     int64_t pages  # PLAN
     uint64_t count  # DECODE
     Py_ssize_t row  # PLAN: the output row being written
+    Py_ssize_t rows  # PLAN: the rows cur and nxt hold; never written past
     void *cur
     void *nxt
     bint cur32, nxt32
@@ -165,27 +176,12 @@ cdef struct Job:
 
 
 cdef int _overflow(Job *job, Py_ssize_t pos, int64_t c, int64_t a) except -1:
-    """Raise the twin's OverflowError for reqs[pos], worded as it words it: the
-    first value that leaves int64, recomputed with Python ints (a cold path)."""
-    cdef object p = job.p, ai = a
-    need = <object>c + job.r
-    if need > INT64_MAX:
-        raise OverflowError(f"reqs[{pos}]: committed + reserve = {need} does not fit in int64")
+    """Raise what the row at reqs[pos] overflowed: the status (the row's values and
+    the total before it) goes to the shared error layer, which words it."""
     if job.kind == SPEC_V2:
-        top = -(-max(ai, need) // p) * p
-        if top > INT64_MAX:
-            raise OverflowError(f"reqs[{pos}]: ceil_align = {top} does not fit in int64")
-        total = job.tokens + top - (-(-ai // p) * p)
-        raise OverflowError(f"spec_v2_new_tokens_from_reqs = {total} does not fit in int64")
-    if job.aligned:
-        need = -(-need // p) * p
-        if need > INT64_MAX:
-            raise OverflowError(f"reqs[{pos}]: ceil_align = {need} does not fit in int64")
-    raise OverflowError(f"num_tokens = {job.tokens + max(ai, need) - ai} does not fit in int64")
-
-
-cdef int _plan_range(Job *job, int out, int64_t value) except -1:
-    raise OverflowError(f"out[{out}][{job.row}] = {value} does not fit its dtype")
+        raise spec_v2_reqs_overflow(pos, c, a, job.p, job.r, job.tokens)
+    raise plan_reqs_overflow(pos, job.row, c, a, job.p, job.r, job.aligned,
+                             INT32_MAX if job.cur32 else INT64_MAX, job.tokens)
 
 
 cdef inline void _cache_init(kv_cache *cache) noexcept:
@@ -217,7 +213,7 @@ cdef int _beam_row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except
     cdef int pure = 0
     cdef int found = kv_get(cache, <PyObject *>req, KV_BEAM, &raw, &pure)
     if found < 0:
-        return -1
+        return -1  # as upstream's expression: the caller's own exception, unchanged
     if not found:
         raise AttributeError(f"reqs[{pos}] has no .beam_group")
     group = <object>raw
@@ -225,8 +221,12 @@ cdef int _beam_row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except
     if group is None:
         return 0
     if not pure:
-        group = req.beam_group  # read twice, as the upstream expression does
-    return _beam_add(job, group.num_member_rows)
+        # read twice, as the upstream expression does
+        group = beam_attr(req, "beam_group", pos, ".beam_group")
+    rows = beam_attr(group, "num_member_rows", pos, ".beam_group.num_member_rows")
+    if job.exact and type(rows) is not int:
+        beam_rows_value(rows, pos, True)
+    return _beam_add(job, rows)
 
 
 cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
@@ -236,7 +236,7 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
     if job.kind == BEAM:
         return _beam_row(job, cache, req, pos)
     kv_req_begin(&st)
-    c = _length(cache, req, pos, KV_COMMITTED, job.at_committed, &st)
+    c = _length(cache, req, pos, KV_COMMITTED, job.at_committed, &st, job.exact)
     if job.kind == DECODE:
         kv_req_forget(&st)
         if job.fast and <uint64_t>c < KV_FAST_LIMIT:
@@ -244,7 +244,7 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
         else:
             job.count += kv_mod_row(c, job.p, 0)
         return 0
-    a = _length(cache, req, pos, KV_ALLOCATED, job.at_allocated, &st)
+    a = _length(cache, req, pos, KV_ALLOCATED, job.at_allocated, &st, job.exact)
     kv_req_forget(&st)
     cdef bint fast_row = job.fast and <uint64_t>(c | a) < KV_FAST_LIMIT
     if job.kind == SPEC_V2:
@@ -264,15 +264,17 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
         if kv_plan_row(c, a, job.p, job.r, job.aligned, &nxt):
             return _overflow(job, pos, c, a)
         pages = kv_ceil_div(nxt, job.p) - kv_ceil_div(a, job.p)
+    if job.row >= job.rows:  # whatever the walk: the buffers are sized once
+        raise plan_grew_error(job.rows)
     if job.cur32:
         if a > INT32_MAX:
-            return _plan_range(job, 0, a)
+            return _overflow(job, pos, c, a)
         (<int32_t *>job.cur)[job.row] = <int32_t>a
     else:
         (<int64_t *>job.cur)[job.row] = a
     if job.nxt32:
         if nxt > INT32_MAX:
-            return _plan_range(job, 1, nxt)
+            return _overflow(job, pos, c, a)
         (<int32_t *>job.nxt)[job.row] = <int32_t>nxt
     else:
         (<int64_t *>job.nxt)[job.row] = nxt
@@ -336,7 +338,7 @@ cdef int _walk_all(Job *job, object reqs) except -1:
             _row(job, &cache, req, pos)
             pos += 1
     else:
-        it = iter(reqs)
+        it = reqs_iter(reqs)
         while True:
             try:
                 req = next(it)
@@ -354,7 +356,7 @@ cdef int _walk_all(Job *job, object reqs) except -1:
 cdef object _item(object reqs, Py_ssize_t pos):
     """reqs[pos] of a container that is not a list or tuple (or a list that shrank)."""
     try:
-        return reqs[pos]
+        return reqs[<object>pos]  # the generic lookup: bounds checked whatever reqs is
     except MemoryError:
         raise
     except Exception as exc:
@@ -362,17 +364,18 @@ cdef object _item(object reqs, Py_ssize_t pos):
 
 
 cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) except -1:
-    """The requests at rows (already checked to lie in [0, len(reqs)) when read)."""
+    """The requests at rows (checked to lie in [0, len(reqs)) before the walk; a
+    request's property may shrink reqs since, so each read is bounds checked)."""
     cdef kv_cache cache
     cdef Py_ssize_t j, pos
     cdef bint is_list = type(reqs) is list, is_tuple = type(reqs) is tuple
     _cache_init(&cache)
     for j in range(m):
         pos = rows[j]
-        if is_list and pos < PyList_GET_SIZE(reqs):
+        if is_list and 0 <= pos < PyList_GET_SIZE(reqs):
             req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
             _row(job, &cache, req, pos)
-        elif is_tuple:
+        elif is_tuple and 0 <= pos < PyTuple_GET_SIZE(reqs):
             req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
             _row(job, &cache, req, pos)
         else:
@@ -403,11 +406,11 @@ cdef _Rows _select(object reqs, object indices):
         sel.rows = _exact_rows(indices, n, &sel.m)
         if sel.rows != NULL:
             return sel
-    _, checked = req_rows(reqs, indices)
-    n = len(reqs)
-    # Normalised once here so the walk reads rows as they are.
-    arr = cnp.PyArray_FROM_OTF(checked, cnp.NPY_INT64, cnp.NPY_ARRAY_C_CONTIGUOUS)
-    arr = arr + (arr < 0) * n
+    # Rows in [0, n) for the n they were checked against, in kvest's own array.
+    _, arr = req_rows(reqs, indices)
+    if not (cnp.PyArray_CheckExact(arr) and cnp.PyArray_TYPE(arr) == cnp.NPY_INT64
+            and cnp.PyArray_ISCARRAY_RO(arr) and cnp.PyArray_NDIM(arr) == 1):
+        raise TypeError("indices: internal error, the checked rows are not an int64 array")
     sel.array = arr
     sel.rows = <int64_t *>cnp.PyArray_DATA(arr)
     sel.m = cnp.PyArray_DIMS(arr)[0]
@@ -422,7 +425,8 @@ cdef str _MIXED = "mixed"
 cdef str _NESTED_LAYOUT = "nested"
 
 
-cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout) except -1:
+cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout,
+                   object exact_ints) except -1:
     # The usual values by identity (string constants are interned); anything
     # else through the shared rule, which also raises for a bad value.
     if layout is None:
@@ -437,6 +441,12 @@ cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout) exc
         at_committed, at_allocated = as_req_layout(layout)
         job.at_committed = _AT[at_committed]
         job.at_allocated = _AT[at_allocated]
+    if exact_ints is False:
+        job.exact = False
+    elif exact_ints is True:
+        job.exact = True
+    else:
+        job.exact = as_flag(exact_ints, "exact_ints")
     job.kind = kind
     job.p = p
     job.r = r
@@ -444,7 +454,7 @@ cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout) exc
     job.aligned = True
     job.tokens = job.pages = 0
     job.count = 0
-    job.row = 0
+    job.row = job.rows = 0
     job.cur = job.nxt = NULL
     job.cur32 = job.nxt32 = False
     job.beam_total = NULL
@@ -454,7 +464,8 @@ cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout) exc
 
 # ------------------------------------------------------------- estimators
 
-def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layout=None):
+def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layout=None,
+                                 exact_ints=False):
     """:func:`spec_v2_new_tokens` read straight from request objects.
 
     Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
@@ -463,13 +474,15 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layo
     ``layout`` (``"flat"``, ``"mixed"``, ``"nested"``) reads each length
     only where that SGLang layout keeps it, skipping the search the default
     (``None``: ``req.<name>``, else ``req.kv.<name>``) makes.
+    ``exact_ints=True`` refuses (``TypeError``) any length whose type is not
+    exactly ``int``, where the default reads it through ``operator.index``.
     """
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
     cdef _Rows sel
     _job_init(&job, SPEC_V2, _count(page_size, "page_size", 1), _count(reserve, "reserve", 0),
-              layout)
+              layout, exact_ints)
     if indices is None:
         _walk_all(&job, reqs)
     else:
@@ -478,13 +491,14 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layo
     return job.tokens
 
 
-def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None):
+def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None,
+                                exact_ints=False):
     """:func:`decode_new_tokens` read straight from request objects."""
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
     cdef _Rows sel
-    _job_init(&job, DECODE, _count(page_size, "page_size", 1), 0, layout)
+    _job_init(&job, DECODE, _count(page_size, "page_size", 1), 0, layout, exact_ints)
     if indices is None:
         _walk_all(&job, reqs)
     else:
@@ -493,8 +507,8 @@ def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None):
     return _times_page(job.count, job.p, "decode_new_tokens_from_reqs")
 
 
-def decode_alloc_plan_from_reqs(reqs, page_size, reserve, *, page_aligned=True, indices=None,
-                                out=None, dtype=None, layout=None):
+def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_aligned=True,
+                                out=None, dtype=None, layout=None, exact_ints=False):
     """:func:`decode_alloc_plan` read straight from request objects, in one pass.
 
     Per selected request ``cur = A`` and ``nxt = max(A, ceil_align(C + R, p))``
@@ -508,12 +522,16 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, *, page_aligned=True, 
     cdef Job job
     cdef _Rows sel = None
     cdef Py_ssize_t m
-    _job_init(&job, PLAN, _count(page_size, "page_size", 1), _count(reserve, "reserve", 0),
-              layout)
-    job.aligned = bool(page_aligned)
+    cdef int64_t p = _count(page_size, "page_size", 1)
+    cdef int64_t r = _count(reserve, "reserve", 0)
+    # A flag is True or False, checked before layout as the signature orders them.
+    cdef bint aligned = (page_aligned if page_aligned is True or page_aligned is False
+                         else as_flag(page_aligned, "page_aligned"))
+    _job_init(&job, PLAN, p, r, layout, exact_ints)
+    job.aligned = aligned
     if indices is None:
         if type(reqs) is not list and type(reqs) is not tuple:
-            reqs = list(reqs)  # the plan's length must be known before the first row
+            reqs = reqs_list(reqs)  # the plan's length must be known before the first row
         m = len(reqs)
     else:
         sel = _select(reqs, indices)
@@ -528,6 +546,9 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, *, page_aligned=True, 
     else:
         cur_out, nxt_out = as_plan_out(out, m, dtype)
     cdef cnp.ndarray cur_buf = cur_out, nxt_buf = nxt_out
+    if not (_plan_buffer(cur_buf, m) and _plan_buffer(nxt_buf, m)):
+        raise TypeError("out: internal error, the checked buffers are not writable int arrays")
+    job.rows = m
     job.cur = cnp.PyArray_DATA(cur_buf)
     job.nxt = cnp.PyArray_DATA(nxt_buf)
     job.cur32 = cnp.PyArray_ITEMSIZE(cur_buf) == 4
@@ -544,33 +565,42 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, *, page_aligned=True, 
     return AllocPlan(cur_out, nxt_out, job.tokens, job.pages)
 
 
+cdef inline bint _plan_buffer(cnp.ndarray arr, Py_ssize_t m) noexcept:
+    """What the plan writes through, judged by the array's C fields alone: plain,
+    1-D, m rows, C-contiguous, aligned, writable, native int32 or int64."""
+    return (cnp.PyArray_CheckExact(arr) and cnp.PyArray_NDIM(arr) == 1
+            and cnp.PyArray_DIMS(arr)[0] == m and cnp.PyArray_ISCARRAY(arr)
+            and cnp.PyArray_ISSIGNED(arr)
+            and (cnp.PyArray_ITEMSIZE(arr) == 4 or cnp.PyArray_ITEMSIZE(arr) == 8))
+
+
 cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
     cdef kv_cache cache
     cdef Py_ssize_t pos = 0
     _cache_init(&cache)
     while pos < PyList_GET_SIZE(reqs):
         if pos == m:
-            # The twin's walk writes row m of an m-row buffer here.
-            raise IndexError(f"index {m} is out of bounds for axis 0 with size {m}")
+            raise plan_grew_error(m)
         req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
         _row(job, &cache, req, pos)
         pos += 1
     return 0
 
 
-def beam_member_rows_from_reqs(reqs, indices=None):
+def beam_member_rows_from_reqs(reqs, indices=None, *, exact_ints=False):
     """SGLang's beam rows, ``sum(r.beam_group.num_member_rows for r in reqs if
     r.beam_group is not None)``, over the selected requests (``indices`` as in
     :func:`decode_new_tokens_from_reqs`).
 
     SGLang 0.5.19+ adds this to the no-speculation estimate.  The sum is
-    Python's: whatever ``num_member_rows`` returns is added as ``sum()`` adds it.
+    Python's: whatever ``num_member_rows`` returns is added as ``sum()`` adds it
+    (with ``exact_ints=True``, only a value whose type is ``int``).
     """
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
     cdef _Rows sel
-    _job_init(&job, BEAM, 1, 0, None)
+    _job_init(&job, BEAM, 1, 0, None, exact_ints)
     try:
         if indices is None:
             _walk_all(&job, reqs)

@@ -199,9 +199,12 @@ static inline kv_layout *kv_layout_for(kv_cache *c, PyTypeObject *t)
  * way l (obj's type's layout) says.  Returns 1 with a new reference in
  * *value, 0 when the attribute is missing (getattr would raise
  * AttributeError; nothing is set), -1 with an exception set.  *dictslot
- * caches where obj keeps its instance dict (NULL: not looked up yet). */
+ * caches where obj keeps its instance dict (NULL: not looked up yet).
+ * *ran is set to 1 when the read may have run Python code (a generic
+ * lookup, or a dict search, which compares colliding keys with their own
+ * __eq__): whatever was read before may have changed since. */
 static inline int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
-                          PyObject **value, PyObject ***dictslot)
+                          PyObject **value, PyObject ***dictslot, int *ran)
 {
     kv_reader *r = &l->read[which];
     PyObject *v, *name = c->names[which];
@@ -229,6 +232,7 @@ static inline int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
                 return 1;
             }
             /* The probe can run a colliding key's __eq__: hold the dict. */
+            *ran = 1;
             Py_INCREF(dict);
             v = PyDict_GetItemWithError(dict, name);
             Py_XINCREF(v);
@@ -240,6 +244,7 @@ static inline int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
         }
         /* No instance dict to read: the generic lookup says what is missing. */
     }
+    *ran = 1;
     v = PyObject_GetAttr(obj, name);
     if (v == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
@@ -256,8 +261,10 @@ static inline int kv_get(kv_cache *c, PyObject *obj, int which, PyObject **value
 {
     kv_layout *l = kv_layout_for(c, Py_TYPE(obj));
     PyObject **dictslot = NULL;
-    *pure = l->read[which].how != KV_READ_GENERIC;
-    return kv_read(c, l, which, obj, value, &dictslot);
+    int ran = 0;
+    int found = kv_read(c, l, which, obj, value, &dictslot, &ran);
+    *pure = !ran;
+    return found;
 }
 
 /* Where a request's lengths are looked for. */
@@ -293,18 +300,19 @@ enum { KV_LEN_ERROR = -1, KV_LEN_MISSING = 0, KV_LEN_OK = 1, KV_LEN_VALUE = 2 };
  * int in [0, 2^63)).  KV_LEN_VALUE: *value holds a new reference to a value
  * the Python input rule must judge (not an exact int, or negative, or too
  * large).  KV_LEN_MISSING: not there.  req.kv is kept in st->kv between the
- * reads of one request only while no Python code has run (no generic
- * lookup), so that reading it again would give the same object. */
+ * reads of one request only while no Python code can have run (no generic
+ * lookup, no dict search that compares keys), so that reading it again would
+ * give the same object. */
 static inline int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
                                 kv_req_state *st, int64_t *length, PyObject **value)
 {
     PyObject *v = NULL, *nested, *owned = NULL, **kvslot = NULL;
     kv_layout *l;
-    int found = 0;
+    int found = 0, ran = 0;
     if (at != KV_AT_NESTED) {
         l = kv_layout_for(c, Py_TYPE(req));
-        if (l->read[which].how == KV_READ_GENERIC) kv_req_forget(st);
-        found = kv_read(c, l, which, req, &v, &st->dictslot);
+        found = kv_read(c, l, which, req, &v, &st->dictslot, &ran);
+        if (ran) kv_req_forget(st);
         if (found < 0) return KV_LEN_ERROR;
         if (!found && at == KV_AT_FLAT) return KV_LEN_MISSING;
     }
@@ -312,19 +320,21 @@ static inline int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
         nested = st->kv;
         if (nested == NULL) {
             l = kv_layout_for(c, Py_TYPE(req));
-            found = kv_read(c, l, KV_NESTED, req, &owned, &st->dictslot);
+            ran = 0;
+            found = kv_read(c, l, KV_NESTED, req, &owned, &st->dictslot, &ran);
             if (found < 0) return KV_LEN_ERROR;
             if (!found) return KV_LEN_MISSING;
             nested = owned;
-            if (l->read[KV_NESTED].how != KV_READ_GENERIC) { /* st takes the reference */
+            if (!ran) { /* st takes the reference */
                 st->kv = owned;
                 owned = NULL;
             }
         }
         l = kv_layout_for(c, Py_TYPE(nested));
-        found = kv_read(c, l, which, nested, &v, &kvslot);
+        ran = 0;
+        found = kv_read(c, l, which, nested, &v, &kvslot, &ran);
         Py_XDECREF(owned);
-        if (l->read[which].how == KV_READ_GENERIC) kv_req_forget(st);
+        if (ran) kv_req_forget(st);
         if (found < 0) return KV_LEN_ERROR;
         if (!found) return KV_LEN_MISSING;
     }

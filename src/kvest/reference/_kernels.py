@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from kvest._errors import int64_overflow, plan_overflow, spec_v2_overflow
 from kvest._inputs import (
     INT64_MAX,
     as_count,
@@ -31,6 +32,7 @@ from kvest._inputs import (
     as_out,
     check_same_length,
     first_negative,
+    out_pair,
     result_int64,
 )
 from kvest._names import ARRAY_FUNCTIONS
@@ -51,7 +53,7 @@ def ceil_align(x: int, p: int) -> int:
 
 def _fits(value: int, what: str) -> int:
     if value > INT64_MAX:
-        raise OverflowError(f"{what} = {value} does not fit in int64")
+        raise int64_overflow(what, value)
     return value
 
 
@@ -89,13 +91,10 @@ def spec_v2_new_tokens(
     _nonnegative((c, "committed"), (a, "allocated"), rows=rows)
     total = 0
     for i in rows:
-        nxt = max(a[i], _fits(c[i] + r, f"committed[{i}] + reserve"))
-        need = _fits(ceil_align(nxt, p), f"ceil_align(max(allocated[{i}], committed[{i}] "
-                     "+ reserve), page_size)")
-        total += need - ceil_align(a[i], p)
-        if total > INT64_MAX:
-            raise OverflowError(f"spec_v2_new_tokens: the running total {total} at row {i} "
-                                "does not fit in int64")
+        top = ceil_align(max(a[i], c[i] + r), p)
+        if c[i] + r > INT64_MAX or top > INT64_MAX or total + top - ceil_align(a[i], p) > INT64_MAX:
+            raise spec_v2_overflow(i, c[i], a[i], p, r, total)
+        total += top - ceil_align(a[i], p)
     return total
 
 
@@ -235,6 +234,7 @@ def decode_alloc_plan(
     c_arr = as_lengths(committed, "committed")
     a_arr = as_lengths(allocated, "allocated")
     check_same_length(c_arr, "committed", a_arr, "allocated")
+    out = out_pair(out)  # read once: the plan returns the objects it wrote
     if out is None:
         cur_out, nxt_out = np.empty(len(c_arr), np.int64), np.empty(len(c_arr), np.int64)
     else:
@@ -243,22 +243,15 @@ def decode_alloc_plan(
             ("committed", c_arr), ("allocated", a_arr))
     c, a = c_arr.tolist(), a_arr.tolist()
     _nonnegative((c, "committed"), (a, "allocated"))
-    limit = np.iinfo(cur_out.dtype).max
+    limit = int(np.iinfo(cur_out.dtype).max)
     tokens = pages = 0
     for i in range(len(c)):
-        need = _fits(c[i] + r, f"committed[{i}] + reserve")
-        if aligned:
-            need = _fits(ceil_align(need, p), f"ceil_align(committed[{i}] + reserve, page_size)")
+        need = ceil_align(c[i] + r, p) if aligned else c[i] + r
         cur, nxt = a[i], max(a[i], need)
-        if cur > limit:
-            raise OverflowError(f"out[0][{i}] = {cur} does not fit in {cur_out.dtype}")
-        if nxt > limit:
-            raise OverflowError(f"out[1][{i}] = {nxt} does not fit in {nxt_out.dtype}")
+        if need > INT64_MAX or nxt > limit or tokens + nxt - cur > INT64_MAX:
+            raise plan_overflow(i, c[i], a[i], p, r, aligned, cur_out.dtype, tokens)
         cur_out[i], nxt_out[i] = cur, nxt
         tokens += nxt - cur
-        if tokens > INT64_MAX:
-            raise OverflowError(f"num_tokens: the running total {tokens} at row {i} "
-                                "does not fit in int64")
         pages += ceil_div(nxt, p) - ceil_div(cur, p)  # <= tokens: fits too
     if out is None:
         return AllocPlan(cur_out, nxt_out, tokens, pages)

@@ -13,16 +13,23 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvest._errors import plan_reqs_overflow, spec_v2_reqs_overflow
 from kvest._inputs import (
     INT64_MAX,
     as_count,
+    as_flag,
     as_plan_out,
     as_req_layout,
     as_reqs,
+    beam_attr,
+    beam_rows_value,
+    plan_grew_error,
     req_length,
     req_length_value,
     req_read_error,
     req_rows,
+    reqs_iter,
+    reqs_list,
     reqs_read_error,
     result_int64,
 )
@@ -40,16 +47,10 @@ def _ceil_div(x: int, p: int) -> int:
     return -(-x // p)
 
 
-def _fits(value: int, what: str) -> int:
-    if value > INT64_MAX:
-        raise OverflowError(f"{what} = {value} does not fit in int64")
-    return value
-
-
-def _length(req: Any, pos: int, attr: str, where: str) -> int:
+def _length(req: Any, pos: int, attr: str, where: str, exact: bool) -> int:
     """reqs[pos].<attr> read where the layout says (see kvest._inputs.REQ_LAYOUTS)."""
     if where == "either":
-        return req_length(req, pos, attr)
+        return req_length(req, pos, attr, exact)
     path = f".kv.{attr}" if where == "nested" else f".{attr}"
     try:
         value = getattr(req.kv if where == "nested" else req, attr)
@@ -59,14 +60,14 @@ def _length(req: Any, pos: int, attr: str, where: str) -> int:
         raise
     except Exception as exc:
         raise req_read_error(exc, pos, path) from exc
-    return req_length_value(value, pos, attr)
+    return req_length_value(value, pos, attr, exact)
 
 
 def _selected(reqs: Any, rows: np.ndarray | None) -> Iterator[tuple[int, Any]]:
     """(position, request) for every selected request, in order; a container
     that fails while read is a TypeError naming the position."""
     if rows is None:
-        it = iter(reqs)
+        it = reqs_iter(reqs)
         pos = 0
         while True:
             try:
@@ -79,9 +80,7 @@ def _selected(reqs: Any, rows: np.ndarray | None) -> Iterator[tuple[int, Any]]:
                 raise reqs_read_error(exc, pos) from exc
             yield pos, req
             pos += 1
-    n = len(reqs)
-    for i in rows.tolist():
-        pos = i + n if i < 0 else i
+    for pos in rows.tolist():  # positions in [0, n) for the n they were checked against
         try:
             req = reqs[pos]
         except MemoryError:
@@ -93,7 +92,7 @@ def _selected(reqs: Any, rows: np.ndarray | None) -> Iterator[tuple[int, Any]]:
 
 def spec_v2_new_tokens_from_reqs(
     reqs: Sequence[Any], page_size: int, reserve: int, indices: Any = None, *,
-    layout: str | None = None,
+    layout: str | None = None, exact_ints: bool = False,
 ) -> int:
     """:func:`spec_v2_new_tokens` read straight from request objects.
 
@@ -103,41 +102,47 @@ def spec_v2_new_tokens_from_reqs(
     ``layout`` (``"flat"``, ``"mixed"``, ``"nested"``) reads each length
     only where that SGLang layout keeps it, skipping the search the default
     (``None``: ``req.<name>``, else ``req.kv.<name>``) makes.
+    ``exact_ints=True`` refuses (``TypeError``) any length whose type is not
+    exactly ``int``, where the default reads it through ``operator.index``.
     """
     reqs = as_reqs(reqs)
     p = as_count(page_size, "page_size", 1)
     r = as_count(reserve, "reserve", 0)
     at_c, at_a = as_req_layout(layout)
+    exact = as_flag(exact_ints, "exact_ints")
     reqs, rows = req_rows(reqs, indices)
     total = 0
     for pos, req in _selected(reqs, rows):
-        c = _length(req, pos, "kv_committed_len", at_c)
-        a = _length(req, pos, "kv_allocated_len", at_a)
-        nxt = max(a, _fits(c + r, f"reqs[{pos}]: committed + reserve"))
-        total += _fits(_ceil_align(nxt, p), f"reqs[{pos}]: ceil_align") - _ceil_align(a, p)
-        _fits(total, "spec_v2_new_tokens_from_reqs")
+        c = _length(req, pos, "kv_committed_len", at_c, exact)
+        a = _length(req, pos, "kv_allocated_len", at_a, exact)
+        grow = _ceil_align(max(a, c + r), p) - _ceil_align(a, p)
+        if c + r > INT64_MAX or grow + _ceil_align(a, p) > INT64_MAX or total + grow > INT64_MAX:
+            raise spec_v2_reqs_overflow(pos, c, a, p, r, total)
+        total += grow
     return total
 
 
 def decode_new_tokens_from_reqs(
-    reqs: Sequence[Any], page_size: int, indices: Any = None, *, layout: str | None = None
+    reqs: Sequence[Any], page_size: int, indices: Any = None, *, layout: str | None = None,
+    exact_ints: bool = False,
 ) -> int:
     """:func:`decode_new_tokens` read straight from request objects."""
     reqs = as_reqs(reqs)
     p = as_count(page_size, "page_size", 1)
     at_c, _ = as_req_layout(layout)
+    exact = as_flag(exact_ints, "exact_ints")
     reqs, rows = req_rows(reqs, indices)
     pages = 0
     for pos, req in _selected(reqs, rows):
-        if _length(req, pos, "kv_committed_len", at_c) % p == 0:
+        if _length(req, pos, "kv_committed_len", at_c, exact) % p == 0:
             pages += 1
     return result_int64(pages * p, "decode_new_tokens_from_reqs")
 
 
 def decode_alloc_plan_from_reqs(
-    reqs: Sequence[Any], page_size: int, reserve: int, *, page_aligned: bool = True,
-    indices: Any = None, out: tuple[np.ndarray, np.ndarray] | None = None,
-    dtype: npt.DTypeLike = None, layout: str | None = None,
+    reqs: Sequence[Any], page_size: int, reserve: int, indices: Any = None, *,
+    page_aligned: bool = True, out: tuple[np.ndarray, np.ndarray] | None = None,
+    dtype: npt.DTypeLike = None, layout: str | None = None, exact_ints: bool = False,
 ) -> AllocPlan:
     """:func:`decode_alloc_plan` read straight from request objects, in one pass.
 
@@ -150,41 +155,49 @@ def decode_alloc_plan_from_reqs(
     reqs = as_reqs(reqs)
     p = as_count(page_size, "page_size", 1)
     r = as_count(reserve, "reserve", 0)
+    aligned = as_flag(page_aligned, "page_aligned")
     at_c, at_a = as_req_layout(layout)
+    exact = as_flag(exact_ints, "exact_ints")
     reqs, rows = req_rows(reqs, indices)
     if rows is None and not isinstance(reqs, (list, tuple)):
-        reqs = list(reqs)  # the plan's length must be known before the first row
+        reqs = reqs_list(reqs)  # the plan's length must be known before the first row
     cur_out, nxt_out = as_plan_out(out, len(reqs) if rows is None else len(rows), dtype)
-    limits = [int(np.iinfo(buf.dtype).max) for buf in (cur_out, nxt_out)]
+    limit = int(np.iinfo(cur_out.dtype).max)  # both buffers have one dtype
     tokens = pages = 0
     for j, (pos, req) in enumerate(_selected(reqs, rows)):
-        c = _length(req, pos, "kv_committed_len", at_c)
-        a = _length(req, pos, "kv_allocated_len", at_a)
-        need = _fits(c + r, f"reqs[{pos}]: committed + reserve")
-        if page_aligned:
-            need = _fits(_ceil_align(need, p), f"reqs[{pos}]: ceil_align")
+        if j == len(cur_out):
+            raise plan_grew_error(j)
+        c = _length(req, pos, "kv_committed_len", at_c, exact)
+        a = _length(req, pos, "kv_allocated_len", at_a, exact)
+        need = _ceil_align(c + r, p) if aligned else c + r
         cur, nxt = a, max(a, need)
-        for value, limit, name in ((cur, limits[0], "out[0]"), (nxt, limits[1], "out[1]")):
-            if value > limit:
-                raise OverflowError(f"{name}[{j}] = {value} does not fit its dtype")
+        if need > INT64_MAX or nxt > limit or tokens + nxt - cur > INT64_MAX:
+            raise plan_reqs_overflow(pos, j, c, a, p, r, aligned, limit, tokens)
         cur_out[j], nxt_out[j] = cur, nxt
-        tokens = _fits(tokens + nxt - cur, "num_tokens")
+        tokens += nxt - cur
         pages += _ceil_div(nxt, p) - _ceil_div(cur, p)
     return AllocPlan(cur_out, nxt_out, tokens, pages)
 
 
-def beam_member_rows_from_reqs(reqs: Sequence[Any], indices: Any = None) -> Any:
+def beam_member_rows_from_reqs(
+    reqs: Sequence[Any], indices: Any = None, *, exact_ints: bool = False
+) -> Any:
     """SGLang's beam rows, ``sum(r.beam_group.num_member_rows for r in reqs if
     r.beam_group is not None)``, over the selected requests (``indices`` as in
     :func:`decode_new_tokens_from_reqs`).
 
     SGLang 0.5.19+ adds this to the no-speculation estimate.  The sum is
-    Python's: whatever ``num_member_rows`` returns is added as ``sum()`` adds it.
+    Python's: whatever ``num_member_rows`` returns is added as ``sum()`` adds it
+    (with ``exact_ints=True``, only a value whose type is ``int``).
     """
     reqs = as_reqs(reqs)
+    exact = as_flag(exact_ints, "exact_ints")
     reqs, rows = req_rows(reqs, indices)
     total = 0
-    for _pos, req in _selected(reqs, rows):
-        if req.beam_group is not None:
-            total += req.beam_group.num_member_rows
+    for pos, req in _selected(reqs, rows):
+        # beam_group read twice, as the upstream expression reads it.
+        if beam_attr(req, "beam_group", pos, ".beam_group") is not None:
+            group = beam_attr(req, "beam_group", pos, ".beam_group")
+            rows_ = beam_attr(group, "num_member_rows", pos, ".beam_group.num_member_rows")
+            total = total + beam_rows_value(rows_, pos, exact)  # the compiled sum adds so
     return total
