@@ -241,3 +241,21 @@ assert not loaded, loaded
 """
     done = _run(code)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("where", "names"), [
+    ("_kernels.pyi", "ARRAY_FUNCTIONS"), ("_reqs.pyi", "REQ_FUNCTIONS"),
+    ("_writes.pyi", "WRITE_FUNCTIONS"), ("reference/_kernels.py", "ARRAY_FUNCTIONS"),
+    ("reference/_reqs.py", "REQ_FUNCTIONS"), ("reference/_writes.py", "WRITE_FUNCTIONS"),
+    ("reference/__init__.py", "FUNCTIONS"),
+])
+def test_every_module_all_is_the_names_list_written_out(where, names):
+    """The stubs and the twin's modules write ``__all__`` out, for type checkers;
+    each is exactly its list in kvest._names."""
+    from kvest import _names
+
+    path = resources.files("kvest").joinpath(where)
+    tree = ast.parse(path.read_text())
+    (assign,) = [node for node in tree.body if isinstance(node, ast.Assign)
+                 and any(getattr(t, "id", None) == "__all__" for t in node.targets)]
+    assert sorted(ast.literal_eval(e) for e in assign.value.elts) == sorted(getattr(_names, names))

@@ -35,5 +35,5 @@ export KVEST_REQUIRE_COMPILED=1 PYTHONMALLOC=malloc
 # the preloaded runtimes and import this instrumented build.
 python -m pytest -q -p no:cacheprovider \
     tests/test_differential.py tests/test_inputs.py tests/test_reqs.py tests/test_examples.py \
-    tests/test_hostile.py "$@"
+    tests/test_hostile.py tests/test_writes.py "$@"
 echo "sanitizers: clean"

@@ -14,7 +14,15 @@ OutBuffers = (
     | tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | tuple[Any, Any]
 )
 
-__all__: list[str]
+__all__ = [
+    "alloc_len_per_decode",
+    "alloc_reserve_per_decode",
+    "decode_alloc_plan",
+    "decode_new_tokens",
+    "num_new_pages",
+    "spec_v1_new_tokens",
+    "spec_v2_new_tokens",
+]
 
 def cpu_variants() -> list[str]: ...
 def cpu_variant() -> str: ...

@@ -8,7 +8,7 @@
 kvest.reference._kernels, their pure-Python twin.
 
 Each array function takes one of two paths.  The fast path hands raw pointers
-to the vectorized C loops (src/loops.c, runtime CPU dispatch) with the GIL
+to the vectorized C loops (src/kvest/_src/loops.c, runtime CPU dispatch) with the GIL
 released; it is exact inside the "fast range" (page size, reserve and every
 length read below 2^29), which the loops verify as they go.  Anything outside
 it -- a negative length, an enormous value -- takes the checked path: scalar

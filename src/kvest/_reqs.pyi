@@ -8,7 +8,12 @@ import numpy.typing as npt
 
 from kvest._types import AllocPlan
 
-__all__: list[str]
+__all__ = [
+    "beam_member_rows_from_reqs",
+    "decode_alloc_plan_from_reqs",
+    "decode_new_tokens_from_reqs",
+    "spec_v2_new_tokens_from_reqs",
+]
 
 # `indices` is any 1-D integer sequence (list, tuple, NumPy array, ...); with it, `reqs`
 # must be a Sequence.  It is the parameter after the scalars in every function.

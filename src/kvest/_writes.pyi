@@ -3,7 +3,10 @@
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeAlias
 
-__all__: list[str]
+__all__ = [
+    "add_to_attrs",
+    "max_into_attr",
+]
 
 # A path: a dotted string ("kv.kv_allocated_len") or a tuple/list of attribute names.
 # `paths` is a tuple/list of paths, or a single dotted string.

@@ -16,9 +16,11 @@ from sys import intern
 from typing import Any
 
 from kvest._inputs import as_flag
-from kvest._names import WRITE_FUNCTIONS
 
-__all__ = list(WRITE_FUNCTIONS)
+__all__ = [
+    "add_to_attrs",
+    "max_into_attr",
+]  # == kvest._names.WRITE_FUNCTIONS (tested)
 
 
 def _names(path: Any, what: str) -> tuple[str, ...]:
