@@ -44,9 +44,9 @@ class Unmodelled(Exception):
 # ------------------------------------------------------------- reading inputs
 
 def _int(value: Any) -> int:
-    if isinstance(value, (bool, np.bool_)) or not hasattr(value, "__index__"):
+    if isinstance(value, (bool, np.bool_)) or not _has(value, "__index__"):
         raise Unmodelled(f"not an integer: {value!r}")
-    if hasattr(value, "__array__") and not isinstance(value, np.generic):
+    if _has(value, "__array__") and not isinstance(value, np.generic):
         raise Unmodelled("an array is not a scalar")
     try:
         return int(operator.index(value))
@@ -70,12 +70,12 @@ def ints(obj: Any) -> list[int]:
         if obj.ndim != 1 or obj.dtype.kind not in "iu" or isinstance(obj, np.ma.MaskedArray):
             raise Unmodelled("not a 1-D integer array")
         items = obj.tolist()
-    elif isinstance(obj, memoryview) or hasattr(obj, "__array__"):
+    elif isinstance(obj, memoryview) or _has(obj, "__array__"):
         return ints(_read(np.asarray, obj))
-    elif hasattr(obj, "__dlpack__"):
+    elif _has(obj, "__dlpack__"):
         return ints(_read(np.from_dlpack, obj))
-    elif hasattr(obj, "tolist"):  # array.array
-        items = obj.tolist()
+    elif _has(obj, "tolist"):  # array.array
+        items = _read(lambda o: o.tolist(), obj)
     else:
         raise Unmodelled(f"not a length argument: {type(obj).__name__}")
     return [_int(v) for v in items]
@@ -266,6 +266,8 @@ LAYOUTS = {None: ("either", "either"), "flat": ("flat", "flat"),
 def _layout(layout: Any) -> tuple[str, str]:
     if layout is not None and not isinstance(layout, str):
         raise Unmodelled("a layout that is not a string")
+    if layout is not None:
+        layout = str.__str__(layout)  # its characters, never a subclass's __eq__
     if layout not in LAYOUTS:
         raise Unmodelled("an unknown layout")  # ValueError, in an order not modelled
     return LAYOUTS[layout]
@@ -286,7 +288,7 @@ def _has(obj: Any, attr: str) -> bool:
         raise Unmodelled(f"looking for .{attr} raised {type(exc).__name__}") from None
 
 
-def _req_length(req: Any, attr: str, where: str = "either") -> int:
+def _req_length(req: Any, attr: str, where: str = "either", exact: bool = False) -> int:
     if where == "either":
         if _has(req, attr):
             value = _attribute(req, attr)
@@ -299,6 +301,8 @@ def _req_length(req: Any, attr: str, where: str = "either") -> int:
         if not _has(owner, attr):
             raise Unmodelled("a request without the attribute where the layout reads it")
         value = _attribute(owner, attr)
+    if exact and type(value) is not int:
+        raise Unmodelled("exact_ints=True and a length that is not exactly an int")
     v = _int(value)
     if v < 0:
         raise ValueError(v)
@@ -319,26 +323,30 @@ def _selected(requests: list[Any], indices: Any) -> list[Any]:
 # The order of the checks: reqs, the scalars, layout, indices, then request by
 # request (committed, allocated, the arithmetic).
 
-def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layout=None):
+def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layout=None,
+                                 exact_ints=False):
     requests = _reqs(reqs)
     p, r = _scalar(page_size, 1), _scalar(reserve, 0)
     at_c, at_a = _layout(layout)
+    exact = _flag(exact_ints)
     total = 0
     for req in _selected(requests, indices):
         # Requests are read one at a time, so the sum is checked as it runs:
         # its terms are never negative, a total past int64 stays past it.
-        c = _req_length(req, "kv_committed_len", at_c)
-        a = _req_length(req, "kv_allocated_len", at_a)
+        c = _req_length(req, "kv_committed_len", at_c, exact)
+        a = _req_length(req, "kv_allocated_len", at_a, exact)
         total = _fits(total + _fits(ceil_align(max(a, _fits(c + r)), p)) - ceil_align(a, p))
     return total
 
 
-def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None):
+def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None,
+                                exact_ints=False):
     requests = _reqs(reqs)
     p = _scalar(page_size, 1)
     at_c, _ = _layout(layout)
+    exact = _flag(exact_ints)
     return _fits(p * sum(1 for req in _selected(requests, indices)
-                         if _req_length(req, "kv_committed_len", at_c) % p == 0))
+                         if _req_length(req, "kv_committed_len", at_c, exact) % p == 0))
 
 
 def _plan_limit(out: Any, dtype: Any, n: int) -> int:
@@ -351,7 +359,7 @@ def _plan_limit(out: Any, dtype: Any, n: int) -> int:
         return INT64_MAX
     try:
         kind = np.dtype(dtype)
-    except TypeError:
+    except Exception:
         raise Unmodelled("dtype that is not a dtype") from None
     if kind not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise Unmodelled("a dtype the plan refuses")
@@ -359,18 +367,19 @@ def _plan_limit(out: Any, dtype: Any, n: int) -> int:
 
 
 def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_aligned=True,
-                                out=None, dtype=None, layout=None):
+                                out=None, dtype=None, layout=None, exact_ints=False):
     """(cur, nxt, num_tokens, num_pages) over the selected requests, as lists and ints."""
     requests = _reqs(reqs)
     p, r = _scalar(page_size, 1), _scalar(reserve, 0)
     aligned = _flag(page_aligned)
+    exact = _flag(exact_ints)
     at_c, at_a = _layout(layout)
     selected = _selected(requests, indices)
     limit = _plan_limit(out, dtype, len(selected))
     cur, nxt, tokens, pages = [], [], 0, 0
     for req in selected:
-        c = _req_length(req, "kv_committed_len", at_c)
-        a = _req_length(req, "kv_allocated_len", at_a)
+        c = _req_length(req, "kv_committed_len", at_c, exact)
+        a = _req_length(req, "kv_allocated_len", at_a, exact)
         need = _fits(c + r)
         if aligned:
             need = _fits(ceil_align(need, p))
@@ -384,8 +393,10 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_
     return cur, nxt, tokens, pages
 
 
-def beam_member_rows_from_reqs(reqs, indices=None):
-    """Σ req.beam_group.num_member_rows over the selected requests in a beam group."""
+def beam_member_rows_from_reqs(reqs, indices=None, *, exact_ints=False):
+    """Σ req.beam_group.num_member_rows over the selected requests in a beam group
+    (``exact_ints`` changes nothing here: only exact ints are modelled)."""
+    _flag(exact_ints)
     total = 0
     for req in _selected(_reqs(reqs), indices):
         if not _has(req, "beam_group"):

@@ -23,7 +23,8 @@ def test_doctor_reports_and_passes(capsys):
     out = capsys.readouterr().out
     assert f"sglang {INSTALLED.version} at" in out
     assert "a scheduler process here: kvest's kernels answer" in out
-    assert "new_tokens_required_next_decode: replaced (decode_count/" in out
+    assert "new_tokens_required_next_decode: replaced (select_requests at line" in out
+    assert "decode_count/nested at line" in out
     assert out.rstrip().endswith("300 batches, 0 mismatches")
 
 
@@ -61,7 +62,9 @@ def test_doctor_checks_an_sglang_that_is_not_installed(capsys, tmp_path):
     assert cli_main(["sglang", "--batches", "100", "--sglang-root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"sglang {INSTALLED.version} at {tmp_path}" in out
-    assert "new_tokens_required_next_decode: left alone" in out
+    # The edited loop is left alone; the function's other loop stays compiled.
+    assert "new_tokens_required_next_decode: replaced (select_requests at line" in out
+    assert "decode_count/nested at line" not in out
     assert "differs from kvest's pattern decode_count/" in out and "== 1" in out
     assert "_new_tokens_required_next_decode_spec_v2: replaced" in out
     assert out.rstrip().endswith("100 batches, 0 mismatches")

@@ -119,13 +119,20 @@ def status() -> dict[str, Any]:
         }
 
 
+def left_alone(spot: Spot) -> list[str]:
+    """The notes of ``spot`` that say some of its code was left alone."""
+    if spot.state == "left alone":
+        return spot.notes or ["no pattern kvest ships"]
+    return [n for n in spot.notes if n.endswith("left alone")]
+
+
 def describe() -> list[tuple[int, str]]:
     """The status as log records: (level, message)."""
     import kvest
 
     spots = list(STATE.spots.values())
     done = [s for s in spots if s.state in ("replaced", "shadow")]
-    left = [s for s in spots if s.state == "left alone"]
+    left = [s for s in spots if left_alone(s)]
     head = (f"kvest {kvest.__version__} ({kvest.IMPLEMENTATION}), sglang {STATE.sglang}, "
             f"mode {STATE.mode}: ")
     head += ("; ".join(f"{s.name} {s.state} ({', '.join(s.patterns)})" for s in done)
@@ -133,7 +140,7 @@ def describe() -> list[tuple[int, str]]:
     records = [(logging.INFO, head)]
     for s in left:
         records += [(logging.WARNING, f"kvest: {s.name} left alone: {note}")
-                    for note in s.notes or ["no pattern kvest ships"]]
+                    for note in left_alone(s)]
     return records
 
 

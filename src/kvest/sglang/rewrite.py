@@ -282,6 +282,11 @@ def _near_miss(fn: Any, got: fingerprint.Print, accepted: dict[str, Pattern],
                                                 ast.cmpop, ast.boolop, ast.unaryop)):
         path = path.rsplit("/", 1)[0]
     where = got.at.get(path, node)
+    if isinstance(where, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        line = getattr(node, "lineno", "?")
+        return (f"{fn.__qualname__}: the function (line {line}) differs from kvest's "
+                f"whole-function pattern {nearest.id} (seen in {nearest.seen()}): it was "
+                "edited; left alone")
     try:
         text = ast.unparse(where)
     except Exception:  # pragma: no cover - unparse handles every node ast makes
