@@ -134,7 +134,7 @@ class Cells:
         if name in ("step, no spec", "step, EAGLE"):
             self.call = world.step
         elif name.startswith("estimate"):
-            self.call = batch.new_tokens_required_next_decode
+            self.call = lambda: batch.new_tokens_required_next_decode()  # looked up per call
         elif name == "alloc_for_decode_default":
             self.call = lambda: s.allocation.alloc_for_decode_default(batch, 1)
         elif name == "alloc lens + 2 int32 tensors":

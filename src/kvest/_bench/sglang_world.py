@@ -47,7 +47,7 @@ def sg() -> SimpleNamespace:
     import sglang.srt.mem_cache.allocation_sizing as sizing
     import sglang.srt.mem_cache.allocator.paged as paged
     import sglang.srt.speculative.eagle_utils as eagle
-    import sglang.srt.speculative.spec_utils  # noqa: F401  (prepare_for_decode's spec path)
+    import sglang.srt.speculative.spec_utils
     import sglang.srt.utils.common as common
     import torch
     from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
@@ -89,10 +89,22 @@ def sg() -> SimpleNamespace:
         def pretty_print(self) -> None:
             pass
 
-    class InstantSlots(paged.PagedTokenToKVPoolAllocator):
-        """The real allocator with its slot search answered at once."""
+    class Slots(paged.PagedTokenToKVPoolAllocator):
+        """The real allocator; its capacity answer can say "does not fit"."""
 
         fit_requests: int | None = None  # check_decode_capacity: fits up to this many
+
+        def check_decode_capacity(self, *, num_tokens: int, tree_cache: Any,
+                                  requests: Any = None, spec_algorithm: Any = None) -> bool:
+            # "Does not fit" until only fit_requests are left: k retractions.
+            if self.fit_requests is not None and len(requests) > self.fit_requests:
+                return False
+            return super().check_decode_capacity(num_tokens=num_tokens, tree_cache=tree_cache,
+                                                 requests=requests,
+                                                 spec_algorithm=spec_algorithm)
+
+    class InstantSlots(Slots):
+        """The real allocator with its slot search answered at once."""
 
         def _ready(self, count: int) -> Any:
             ready = getattr(self, "_ready_tensor", None)
@@ -117,18 +129,10 @@ def sg() -> SimpleNamespace:
             self.free_pages = self.free_pages[num_new_pages:]
             return self._ready(extend_num_tokens)
 
-        def check_decode_capacity(self, *, num_tokens: int, tree_cache: Any,
-                                  requests: Any = None, spec_algorithm: Any = None) -> bool:
-            # "Does not fit" until only fit_requests are left: k retractions.
-            if self.fit_requests is not None and len(requests) > self.fit_requests:
-                return False
-            return super().check_decode_capacity(num_tokens=num_tokens, tree_cache=tree_cache,
-                                                 requests=requests,
-                                                 spec_algorithm=spec_algorithm)
-
     return SimpleNamespace(
         version=sglang.__version__, torch=torch, sb=sb, allocation=allocation, sizing=sizing,
-        paged=paged, eagle=eagle, common=common, Cache=Cache, InstantSlots=InstantSlots,
+        paged=paged, eagle=eagle, common=common, Cache=Cache, Slots=Slots,
+        InstantSlots=InstantSlots,
         ReqToTokenPool=ReqToTokenPool, ForwardMode=ForwardMode, get_context=get_context,
         SamplingParams=SamplingParams, SpeculativeAlgorithm=SpeculativeAlgorithm)
 
@@ -182,7 +186,7 @@ class World:
         headroom = 64 * 16  # rows and pages for the steps to come
         self.pool = s.ReqToTokenPool(n, max(lens) + headroom, "cpu", False)
         tokens = sum(-(-x // page_size) * page_size for x in lens) + (headroom // 4) * n
-        cls = s.InstantSlots if instant else s.paged.PagedTokenToKVPoolAllocator
+        cls = s.InstantSlots if instant else s.Slots
         self.allocator = cls(size=tokens + 8 * page_size, page_size=page_size,
                              dtype=torch.bfloat16, device="cpu", kvcache=None, need_sort=False)
         self.cache = s.Cache(self.pool, self.allocator, page_size)
@@ -290,3 +294,57 @@ class World:
             "free_pages": torch.sort(free).values.tolist(),
             "seq_lens": self.batch.seq_lens_cpu.tolist(),
         }
+
+
+# ------------------------------------------------------------------ the exactness loop
+
+# (algorithm, page size, requests, seed) of the real-allocator decode loops
+LOOP_CASES = [(None, 1, 37, 1), (None, 16, 41, 2), ("EAGLE", 1, 29, 3), ("EAGLE", 16, 43, 4),
+              (None, 16, 1, 5), ("EAGLE", 16, 2, 6)]
+LOOP_STEPS = 7
+LOOP_RETRACTIONS = 3
+
+
+def decode_loop(algorithm: str | None, page_size: int, n: int, seed: int) -> dict[str, Any]:
+    """Several decode steps on the real allocator (its slot search too), then
+    a retraction and one more step: every number the steps return and every
+    request's state after each."""
+    rng = random.Random(seed)
+    use_assign(assign_torch)
+    with context(algorithm, page_size):
+        world = World(n, page_size, algorithm, seed=seed, instant=False, max_len=300)
+        steps = []
+        for i in range(LOOP_STEPS + 1):
+            if i == LOOP_STEPS - 2:
+                steps.append({"retract": world.retract(LOOP_RETRACTIONS), **world.state()})
+                world.allocator.fit_requests = None
+            estimate = world.batch.new_tokens_required_next_decode()
+            fits = world.step()
+            out = world.batch.out_cache_loc
+            steps.append({"estimate": estimate, "fits": fits,
+                          "out_cache_loc": None if algorithm else out.tolist(),
+                          "accepted": world.verify(rng), **world.state()})
+    return {"steps": steps}
+
+
+def _loop_main() -> int:
+    """Run every loop case after SGLang's ``load_plugins()``; JSON on stdout."""
+    import json
+    import sys
+
+    sg()
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    import kvest.sglang
+
+    report = kvest.sglang.status()
+    result = {"mode": report["mode"],
+              "hotspots": {k: v["state"] for k, v in report["hotspots"].items()},
+              "loops": [decode_loop(*case) for case in LOOP_CASES]}
+    sys.stdout.write(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_loop_main())
