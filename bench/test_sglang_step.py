@@ -35,6 +35,7 @@ def cells():
     # Upstream's side must be SGLang's own code: nothing installed yet in this process.
     assert getattr(original, "__kvest_original__", None) is None, "kvest already installed"
     w.use_assign(w.assign_nothing)
+    w.one_thread()
     c = sglang_step.Cells()
     yield c
     if c.override is not None:

@@ -23,6 +23,8 @@ Per loop, each replaced hot spot alone, called as its caller calls it: the
 estimates, ``alloc_for_decode_default``, ``page_aligned_decode_alloc_lens``
 with its two int32 tensors, ``alloc_for_spec_decode``, ``get_num_new_pages``.
 
+torch runs one intra-op thread in each worker (:func:`sglang_world.one_thread`).
+
 Line events: ``sys.settrace`` counts the 'line' events of one step in each
 worker at n = 64 and 512; the slope is the events per request per step.
 """
@@ -231,6 +233,7 @@ def worker() -> int:
     from kvest._bench import sglang_world as w
 
     w.sg()  # the scheduler's modules, loaded before the plugins look for them
+    w.one_thread()
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
