@@ -1,16 +1,25 @@
-"""One decode step's bookkeeping in real SGLang, upstream against kvest.
+"""The decode step's bookkeeping in real SGLang, upstream against kvest.
 
-Runs where SGLang's scheduler modules import (see the README's benchmark
-recipe) and skips elsewhere.  A group is one hot spot at one batch size, with
-upstream's own code and kvest's drop-in as its members; the cases come from
-``kvest._bench.sglang_step``, shared with ``python -m kvest bench --sglang``, and
-each pair's answers are compared before timing.
+Runs where SGLang's scheduler modules import (see ``tools/sglang_cpu/``) and
+skips elsewhere.  The cases are ``kvest._bench.sglang_step``'s (shared with
+``python -m kvest bench --sglang``): the scheduler's step entry points and each
+replaced loop alone, on real ``Req``/``ScheduleBatch`` objects over a real CPU
+pool.  Here both sides run in this process: upstream is SGLang's own functions,
+kvest is the same replacements installed by ``kvest.sglang.patch()`` (what the
+plugin installs through ``load_plugins()``; the side-by-side run of the two
+installed processes is ``python -m kvest._bench.sglang_step``).  A group is
+one case at one batch size; each call is timed from the same state (the
+restore is pedantic's untimed setup), and each case first checks that both
+sides leave the same result and state.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
+import kvest.sglang
 from kvest._bench import sglang_step
 
 WHY_NOT = sglang_step.available()
@@ -18,21 +27,36 @@ pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))
 
 
 @pytest.fixture(scope="module")
-def spec_config():
-    up = sglang_step.upstream()
-    override = up.get_context().override_server_args(
-        page_size=sglang_step.PAGE_SIZE, **sglang_step.SPEC)
-    override.install()
-    yield
-    override.restore()
+def cells():
+    from kvest._bench import sglang_world as w
+
+    s = w.sg()
+    original = s.sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"]
+    # Upstream's side must be SGLang's own code: nothing installed yet in this process.
+    assert getattr(original, "__kvest_original__", None) is None, "kvest already installed"
+    w.use_assign(w.assign_nothing)
+    w.one_thread()
+    c = sglang_step.Cells()
+    yield c
+    if c.override is not None:
+        c.override.restore()
 
 
-@pytest.mark.parametrize("side", ["upstream", "kvest"])
+def installed(side: str) -> contextlib.AbstractContextManager:
+    return kvest.sglang.patch() if side == "kvest" else contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("side", sglang_step.SIDES)
 @pytest.mark.parametrize("hot_spot", sglang_step.HOT_SPOTS)
 @pytest.mark.parametrize("n", sglang_step.SIZES)
-def test_step(benchmark, spec_config, n, hot_spot, side):
-    up_call, kv_call = sglang_step.cases(n)[hot_spot]
-    assert sglang_step.same(up_call(), kv_call())
+def test_step(benchmark, cells, n, hot_spot, side):
+    cells.use(hot_spot, n)
+    want = cells.check()
+    with installed("kvest"):
+        got = cells.check()
+    assert got == want, f"{hot_spot} at n={n}: kvest's result or state differs from upstream's"
     benchmark.group = f"sglang {hot_spot} n={n:>5}"
     benchmark.extra_info.update(hot_spot=hot_spot, n=n, side=side)
-    benchmark(up_call if side == "upstream" else kv_call)
+    rounds = 3 if hot_spot.startswith("retract") else 30
+    with installed(side):
+        benchmark.pedantic(cells.call, setup=cells.arm, rounds=rounds, iterations=1)

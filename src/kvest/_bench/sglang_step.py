@@ -1,48 +1,49 @@
-"""One decode step's bookkeeping in real SGLang, upstream against kvest, side by side.
+"""The decode step's bookkeeping in real SGLang, as the scheduler runs it, upstream against kvest.
 
-Runs where SGLang's scheduler modules import (a 0.5.19+ release: lengths under
-``req.kv``, the config published through ``sglang.srt.runtime_context``); see
-``tools/sglang_cpu/README.md`` in the repository for the recipe on a CPU-only
-machine.  Upstream's
-side is upstream's own code, called as the scheduler calls it: the real
-``ScheduleBatch`` methods on real ``Req`` objects, the real
-``page_aligned_decode_alloc_lens`` followed by the two
-``torch.tensor(..., dtype=torch.int32)`` conversions its callers make, and the
-real ``get_num_new_pages`` on CPU tensors.  kvest's side does what the drop-in
-does in their place (:class:`KvestStep`): the same inputs, kvest's kernels
-(the beam rows included), upstream's own reserve function, and the callers'
-tensor conversions unchanged.  Each pair is checked to give the same answer before it
-is timed.
+Two worker processes are started the same way (``python -m
+kvest._bench.sglang_step --worker``), one with ``KVEST_SGLANG=0``: each imports
+SGLang's scheduler modules and calls SGLang's own ``load_plugins()``, so each
+times what is installed (kvest's replacements, or upstream's functions), and
+reports ``kvest.sglang.status()``.  Both build the same world from the same
+seed (:class:`kvest._bench.sglang_world.World`: real ``Req``, ``ScheduleBatch``,
+``ReqToTokenPool`` and ``PagedTokenToKVPoolAllocator(device="cpu")``, the GPU
+parts answered at once).  The parent asks each worker in turn for one sample
+of a cell, so the two are measured side by side; a cell is first run once on
+each side and the outcomes compared.
 
-Hot spots (``n`` requests, page size 16, EAGLE with (steps, topk, draft) = (3, 1, 4)):
+Steps (``n`` requests, page size 16, EAGLE (steps, topk, draft) = (3, 1, 4)),
+each timed from the same state (restored outside the timed region):
 
-- ``estimate spec``: ``new_tokens_required_next_decode()`` with speculation;
-- ``estimate no-spec``: the same without (``p * #{C mod p == 0}`` plus beam rows);
-- ``estimate spec, selected``: one retract iteration (``selected_indices`` = all but one);
-- ``alloc lens + 2 int32 tensors``: ``page_aligned_decode_alloc_lens`` and its tensors;
-- ``get_num_new_pages extend`` / ``decode``: on int64 CPU tensors;
-- ``step``: one spec-decode step's bookkeeping, estimate + alloc lens + tensors +
-  ``get_num_new_pages`` over the plan;
-- ``retract k=8``: a retract loop of 8 retractions (estimate over the kept
-  requests, then drop the last), over ``n`` requests.
+- ``step, no spec``: ``batch.check_decode_mem()`` + ``batch.prepare_for_decode()``;
+- ``step, EAGLE``: ``batch.check_decode_mem()`` + ``eagle_prepare_for_decode(batch)``;
+- ``retract k=8``: ``batch.retract_decode()`` (EAGLE batch) with the pool's
+  capacity answer "does not fit" until 8 requests are retracted.
+
+Per loop, each replaced hot spot alone, called as its caller calls it: the
+estimates, ``alloc_for_decode_default``, ``page_aligned_decode_alloc_lens``
+with its two int32 tensors, ``alloc_for_spec_decode``, ``get_num_new_pages``.
+
+torch runs one intra-op thread in each worker (:func:`sglang_world.one_thread`).
+
+Line events: ``sys.settrace`` counts the 'line' events of one step in each
+worker at n = 64 and 512; the slope is the events per request per step.
 """
 
 from __future__ import annotations
 
-import functools
-import random
-from array import array
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
-
-import kvest
 from kvest._bench.tables import fmt_time, render
 from kvest._bench.targets import Verdict
-from kvest._bench.timing import measure
 
 SIZES = [1, 16, 64, 256, 1024, 4096]
 QUICK_SIZES = [1, 256, 1024, 4096]
@@ -50,13 +51,18 @@ PAGE_SIZE = 16
 SPEC = dict(speculative_algorithm="EAGLE", speculative_num_steps=3,
             speculative_eagle_topk=1, speculative_num_draft_tokens=4)
 RETRACTIONS = 8
-HOT_SPOTS = ["estimate spec", "estimate no-spec", "estimate spec, selected",
-             "alloc lens + 2 int32 tensors", "get_num_new_pages extend",
-             "get_num_new_pages decode", "step", f"retract k={RETRACTIONS}"]
-# The target per hot spot: kvest at least this many times faster than upstream.
-TARGETS = {"estimate spec": 8.0, "estimate spec, selected": 6.0, "estimate no-spec": 1.5,
-           "alloc lens + 2 int32 tensors": 10.0, "get_num_new_pages extend": 5.0,
-           "get_num_new_pages decode": 5.0, "step": 8.0}
+STEPS = ["step, no spec", "step, EAGLE", f"retract k={RETRACTIONS}"]
+LOOPS = ["estimate no-spec", "estimate spec", "alloc_for_decode_default",
+         "alloc lens + 2 int32 tensors", "alloc_for_spec_decode",
+         "get_num_new_pages decode", "get_num_new_pages extend"]
+HOT_SPOTS = STEPS + LOOPS
+LINE_SIZES = (64, 512)
+LINE_STEPS = ("step, no spec", "step, EAGLE")
+# The targets: kvest at least this many times faster at n = 1,024 (steps), and
+# at most this many Python line events per request per step (line events).
+TARGETS = {"step, no spec": 3.0, "step, EAGLE": 10.0,
+           "line events, no spec": 1.0, "line events, EAGLE": 1.0}
+SIDES = ("upstream", "kvest")
 
 
 def available() -> str | None:
@@ -65,6 +71,8 @@ def available() -> str | None:
         import torch  # noqa: F401
         from sglang.srt.managers.schedule_batch import Req  # noqa: F401
         from sglang.srt.mem_cache import allocation_sizing
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: F401
+        from sglang.srt.plugins import load_plugins  # noqa: F401
         from sglang.srt.runtime_context import get_context  # noqa: F401
     except Exception as exc:  # anything: a missing, broken or older installation
         return f"sglang's scheduler modules do not import here ({type(exc).__name__}: {exc})"
@@ -73,157 +81,275 @@ def available() -> str | None:
     return None
 
 
-@dataclass
-class Upstream:
-    """The real SGLang pieces, imported once."""
-
-    version: str
-    torch: Any
-    Req: Any
-    ScheduleBatch: Any
-    SamplingParams: Any
-    SpeculativeAlgorithm: Any
-    get_context: Any
-    alloc_lens: Callable[..., Any]
-    reserve: Callable[[], int]
-    num_new_pages: Callable[..., int]
-
-
-@functools.lru_cache(maxsize=1)
-def upstream() -> Upstream:
+def upstream() -> Any:
+    """The installed sglang's version (``.version``), for titles."""
     import sglang
-    import torch
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-    from sglang.srt.mem_cache.allocation_sizing import (
-        get_alloc_reserve_per_decode,
-        page_aligned_decode_alloc_lens,
-    )
-    from sglang.srt.runtime_context import get_context
-    from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.utils.common import get_num_new_pages
 
-    return Upstream(sglang.__version__, torch, Req, ScheduleBatch, SamplingParams,
-                    SpeculativeAlgorithm, get_context, page_aligned_decode_alloc_lens,
-                    get_alloc_reserve_per_decode, get_num_new_pages)
+    return type("Upstream", (), {"version": sglang.__version__})()
 
 
-class KvestStep:
-    """What the drop-in runs in place of each upstream hot spot."""
-
-    def __init__(self, up: Upstream) -> None:
-        self.up = up
-
-    def estimate(self, batch: Any, selected_indices: Any = None) -> int:
-        p = batch.token_to_kv_pool_allocator.page_size
-        reqs = batch.reqs
-        if batch.spec_algorithm.is_none():
-            tokens = kvest.decode_new_tokens_from_reqs(reqs, p, selected_indices,
-                                                       layout="nested")
-            return tokens + kvest.beam_member_rows_from_reqs(reqs, selected_indices)
-        return kvest.spec_v2_new_tokens_from_reqs(reqs, p, self.up.reserve(), selected_indices,
-                                                  layout="nested")
-
-    @staticmethod
-    def alloc_lens(reqs: list[Any], *, reserve: int, page_size: int) -> tuple[Any, Any, int]:
-        plan = kvest.decode_alloc_plan_from_reqs(reqs, page_size, reserve, dtype=np.int32,
-                                                 layout="nested")
-        return plan.cur, plan.nxt, plan.num_tokens
-
-    @staticmethod
-    def num_new_pages(seq_lens: Any, page_size: int, prefix_lens: Any = None,
-                      decode: bool = False) -> int:
-        # CPU tensors are read through Tensor.numpy(): no copy, torch never imported.
-        prefix = None if prefix_lens is None or decode else prefix_lens.numpy()
-        return kvest.num_new_pages(seq_lens.numpy(), page_size, prefix, decode)
+# ------------------------------------------------------------------ the worker
 
 
-def make_requests(up: Upstream, n: int, seed: int = 0) -> list[Any]:
-    """n real Req objects with decode-time lengths (allocation ahead by up to R)."""
-    rng = random.Random(seed)
-    reqs = []
-    for i in range(n):
-        req = up.Req(f"r{i}", "", array("q", range(8)), up.SamplingParams(max_new_tokens=16))
-        committed = rng.randint(1, 2**17)
-        req.kv.kv_committed_len = committed
-        req.kv.kv_allocated_len = committed + rng.randint(0, 16)
-        reqs.append(req)
-    return reqs
+class Cells:
+    """In a worker: one world per cell, the calls to time, and how to re-arm them."""
+
+    def __init__(self) -> None:
+        self.key: tuple[str, int] | None = None
+        self.arm: Callable[[], None] = lambda: None
+        self.call: Callable[[], Any] = lambda: None
+        self.outcome: Callable[[Any], Any] = lambda result: result
+        self.override: Any = None
+
+    def use(self, name: str, n: int) -> None:
+        if self.key == (name, n):
+            return
+        from kvest._bench import sglang_world as w
+
+        if self.override is not None:
+            self.override.restore()
+        self.key = (name, n)
+        spec = name in ("step, EAGLE", f"retract k={RETRACTIONS}", "estimate spec",
+                        "alloc lens + 2 int32 tensors", "alloc_for_spec_decode",
+                        "get_num_new_pages extend")
+        algorithm = "EAGLE" if spec else None
+        self.override = w.context(algorithm, PAGE_SIZE)
+        self.override.install()
+        self.outcome = lambda result: result
+        if name.startswith("retract"):
+            holder: dict[str, Any] = {}
+
+            def arm() -> None:
+                holder["world"] = w.World(n, PAGE_SIZE, algorithm)
+
+            def call() -> Any:
+                return holder["world"].retract(RETRACTIONS)
+
+            self.arm, self.call = arm, call
+            self.outcome = lambda result: [result, holder["world"].state()]
+            return
+        world = w.World(n, PAGE_SIZE, algorithm)
+        s = w.sg()
+        torch, batch, reqs = s.torch, world.batch, world.reqs
+        self.arm = world.restore
+        self.outcome = lambda result: [_plain(result), world.state()]
+        if name in ("step, no spec", "step, EAGLE"):
+            self.call = world.step
+        elif name.startswith("estimate"):
+            self.call = lambda: batch.new_tokens_required_next_decode()  # looked up per call
+        elif name == "alloc_for_decode_default":
+            self.call = lambda: s.allocation.alloc_for_decode_default(batch, 1)
+        elif name == "alloc lens + 2 int32 tensors":
+            reserve = s.sizing.get_alloc_reserve_per_decode()
+
+            def lens() -> Any:
+                # As eagle_prepare_for_decode calls it (its own binding of the name).
+                cur, nxt, need = s.eagle.page_aligned_decode_alloc_lens(
+                    reqs, reserve=reserve, page_size=PAGE_SIZE)
+                return (torch.tensor(cur, dtype=torch.int32, device="cpu"),
+                        torch.tensor(nxt, dtype=torch.int32, device="cpu"), need)
+
+            self.call = lens
+        else:
+            reserve = s.sizing.get_alloc_reserve_per_decode()
+            cur, nxt, need = s.sizing.page_aligned_decode_alloc_lens(
+                reqs, reserve=reserve, page_size=PAGE_SIZE)
+            cur_t = torch.tensor(cur, dtype=torch.int32)
+            nxt_t = torch.tensor(nxt, dtype=torch.int32)
+            if name == "alloc_for_spec_decode":
+                self.call = lambda: s.allocation.alloc_for_spec_decode(
+                    world.cache, world.pool, reqs=reqs, req_pool_indices=batch.req_pool_indices,
+                    cur_kv_lens=cur_t, cur_kv_lens_cpu=cur_t, nxt_kv_lens=nxt_t,
+                    nxt_kv_lens_cpu=nxt_t, num_needed_tokens=need, batch=batch)
+            elif name == "get_num_new_pages decode":
+                seq = batch.seq_lens_cpu + 1
+                self.call = lambda: s.common.get_num_new_pages(
+                    seq_lens=seq, page_size=PAGE_SIZE, decode=True)
+            else:
+                self.call = lambda: s.common.get_num_new_pages(
+                    seq_lens=nxt_t, page_size=PAGE_SIZE, prefix_lens=cur_t)
+
+    def sample(self, number: int) -> float:
+        """Seconds per call, over ``number`` calls each from the same state."""
+        total = 0.0
+        arm, call, clock = self.arm, self.call, time.perf_counter
+        for _ in range(number):
+            arm()
+            start = clock()
+            call()
+            total += clock() - start
+        return total / number
+
+    def check(self) -> str:
+        """A digest of one call's result and the state it leaves (the rows of
+        4,096 requests are too many to send)."""
+        self.arm()
+        text = json.dumps(self.outcome(self.call()), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def lines(self) -> int:
+        """Python 'line' events during one call."""
+        count = 0
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            nonlocal count
+            if event == "line":
+                count += 1
+            return local
+
+        def tracer(frame: Any, event: str, arg: Any) -> Any:
+            return local
+
+        self.arm()
+        sys.settrace(tracer)
+        try:
+            self.call()
+        finally:
+            sys.settrace(None)
+        return count
 
 
-def _batch(up: Upstream, reqs: list[Any], algorithm: str | None) -> Any:
-    return up.ScheduleBatch(reqs=reqs,
-                            token_to_kv_pool_allocator=SimpleNamespace(page_size=PAGE_SIZE),
-                            spec_algorithm=up.SpeculativeAlgorithm.from_string(algorithm))
+def _plain(value: Any) -> Any:
+    """JSON-able: tensors and tuples to lists."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
 
 
-def _retract(estimate: Callable[..., int], batch: Any, n: int) -> int:
-    """The retract loop's bookkeeping: estimate the kept requests, drop one, again."""
-    kept = list(range(n))
-    total = 0
-    for _ in range(min(RETRACTIONS, n)):
-        total += estimate(batch, kept)
-        kept.pop()
-    return total
+def _status() -> dict[str, Any]:
+    import kvest.sglang
+
+    report = kvest.sglang.status()
+    return {"mode": report["mode"],
+            "hotspots": {k: v["state"] for k, v in report["hotspots"].items()}}
 
 
-def same(a: Any, b: Any) -> bool:
-    """Whether upstream's answer and kvest's are the same (tensors, arrays, tuples)."""
-    torch = upstream().torch
-    if isinstance(a, tuple):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return bool(torch.equal(torch.as_tensor(a), torch.as_tensor(b)))
-    if isinstance(a, (list, np.ndarray)) or isinstance(b, (list, np.ndarray)):
-        return list(a) == list(b)
-    return a == b
+def worker() -> int:
+    """Serve the parent: one JSON request per line on stdin, one answer per line."""
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    sys.stdout = sys.stderr  # whatever SGLang prints must not reach the protocol
+    from kvest._bench import sglang_world as w
+
+    w.sg()  # the scheduler's modules, loaded before the plugins look for them
+    w.one_thread()
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    w.use_assign(w.assign_nothing)
+    cells = Cells()
+    for line in sys.stdin:
+        ask = json.loads(line)
+        try:
+            op = ask["op"]
+            if op == "status":
+                answer: Any = _status()
+            else:
+                cells.use(ask["cell"], ask["n"])
+                if op == "sample":
+                    answer = cells.sample(ask["number"])
+                elif op == "check":
+                    answer = cells.check()
+                elif op == "lines":
+                    answer = cells.lines()
+                else:
+                    raise ValueError(f"unknown op {op!r}")
+            reply = {"ok": answer}
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+    return 0
 
 
-def cases(n: int) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
-    """hot spot -> (upstream call, kvest call), on the same n real requests."""
-    up = upstream()
-    torch = up.torch
-    kv = KvestStep(up)
-    reqs = make_requests(up, n)
-    spec, plain = _batch(up, reqs, "EAGLE"), _batch(up, reqs, None)
-    selected = list(range(n - 1)) if n > 1 else [0]
-    reserve = up.reserve()
-    p = PAGE_SIZE
-    seq = torch.tensor([r.kv.kv_allocated_len for r in reqs], dtype=torch.int64)
-    prefix = torch.tensor([r.kv.kv_committed_len for r in reqs], dtype=torch.int64)
-    up_estimate = up.ScheduleBatch.new_tokens_required_next_decode
+# ------------------------------------------------------------------ the parent
 
-    def up_lens() -> tuple[Any, Any, int]:
-        cur, nxt, need = up.alloc_lens(reqs, reserve=reserve, page_size=p)
-        return torch.tensor(cur, dtype=torch.int32), torch.tensor(nxt, dtype=torch.int32), need
 
-    def kv_lens() -> tuple[Any, Any, int]:
-        cur, nxt, need = kv.alloc_lens(reqs, reserve=reserve, page_size=p)
-        return torch.tensor(cur, dtype=torch.int32), torch.tensor(nxt, dtype=torch.int32), need
+class Worker:
+    """One worker process, upstream's (``KVEST_SGLANG=0``) or kvest's (default)."""
 
-    def up_step() -> tuple[int, int]:
-        cur, nxt, _ = up_lens()
-        return spec.new_tokens_required_next_decode(), up.num_new_pages(nxt, p, cur)
+    def __init__(self, side: str) -> None:
+        env = dict(os.environ)
+        env.pop("KVEST_SGLANG", None)
+        if side == "upstream":
+            env["KVEST_SGLANG"] = "0"
+        env.setdefault("PYTHONWARNINGS", "ignore::UserWarning")  # sglang's CPU notices
+        self.side = side
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kvest._bench.sglang_step", "--worker"], env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def kv_step() -> tuple[int, int]:
-        cur, nxt, _ = kv_lens()
-        return kv.estimate(spec), kv.num_new_pages(nxt, p, cur)
+    def ask(self, op: str, **kwargs: Any) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"op": op, **kwargs}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the {self.side} worker ended (exit {self.proc.wait()})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"{self.side} worker: {reply['error']} ({kwargs})")
+        return reply["ok"]
 
-    partial = functools.partial
-    return {
-        "estimate spec": (spec.new_tokens_required_next_decode, partial(kv.estimate, spec)),
-        "estimate no-spec": (plain.new_tokens_required_next_decode, partial(kv.estimate, plain)),
-        "estimate spec, selected": (partial(spec.new_tokens_required_next_decode, selected),
-                                    partial(kv.estimate, spec, selected)),
-        "alloc lens + 2 int32 tensors": (up_lens, kv_lens),
-        "get_num_new_pages extend": (functools.partial(up.num_new_pages, seq, p, prefix),
-                                     functools.partial(kv.num_new_pages, seq, p, prefix)),
-        "get_num_new_pages decode": (functools.partial(up.num_new_pages, seq, p, decode=True),
-                                     functools.partial(kv.num_new_pages, seq, p, decode=True)),
-        "step": (up_step, kv_step),
-        f"retract k={RETRACTIONS}": (functools.partial(_retract, up_estimate, spec, n),
-                                     functools.partial(_retract, kv.estimate, spec, n)),
-    }
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+class Pair:
+    """The two workers, started the same way; checked to run what they should."""
+
+    def __init__(self) -> None:
+        self.workers = {side: Worker(side) for side in SIDES}
+        self.status = {side: w.ask("status") for side, w in self.workers.items()}
+        up, kv = self.status["upstream"], self.status["kvest"]
+        if up["mode"] != "off":
+            raise RuntimeError(f"the upstream worker is not off: {up}")
+        wanted = ("new_tokens_required_next_decode", "_new_tokens_required_next_decode_spec_v2",
+                  "page_aligned_decode_alloc_lens", "get_num_new_pages",
+                  "alloc_for_decode_default", "alloc_for_spec_decode")
+        missing = [h for h in wanted if kv["hotspots"].get(h) != "replaced"]
+        if kv["mode"] != "on" or missing:
+            raise RuntimeError(f"the kvest worker did not replace {missing}: {kv}")
+
+    def __enter__(self) -> Pair:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for w in self.workers.values():
+            w.close()
+
+    def ask(self, side: str, op: str, **kwargs: Any) -> Any:
+        return self.workers[side].ask(op, **kwargs)
+
+    def check(self, cell: str, n: int) -> Any:
+        """Both sides' outcome of one call from the same state; they must be equal."""
+        got = {side: self.ask(side, "check", cell=cell, n=n) for side in SIDES}
+        if got["upstream"] != got["kvest"]:
+            raise AssertionError(f"{cell} at n={n}: upstream and kvest differ")
+        return got["upstream"]
+
+    def measure(self, cell: str, n: int, samples: int, target: float) -> dict[str, float]:
+        """Median seconds per call of each side, samples alternating between them."""
+        number = 1
+        while True:  # calls per sample: about ``target`` seconds on the upstream side
+            t = self.ask("upstream", "sample", cell=cell, n=n, number=number)
+            if t * number >= target / 4 or number >= 4096:
+                number = max(1, min(4096, int(target / max(t, 1e-9))))
+                break
+            number *= 4
+        times: dict[str, list[float]] = {side: [] for side in SIDES}
+        for _ in range(samples):
+            for side in SIDES:
+                times[side].append(self.ask(side, "sample", cell=cell, n=n, number=number))
+        return {side: statistics.median(ts) for side, ts in times.items()}
+
+    def lines(self) -> dict[tuple[str, str, int], int]:
+        """(step, side, n) -> line events of one step."""
+        return {(cell, side, n): self.ask(side, "lines", cell=cell, n=n)
+                for cell in LINE_STEPS for n in LINE_SIZES for side in SIDES}
 
 
 @dataclass
@@ -238,46 +364,77 @@ class StepRow:
         return self.upstream / self.kvest
 
 
+class StepRows(list):  # type: ignore[type-arg]
+    """The rows of a run, with its line events and the workers' status."""
+
+    lines: dict[tuple[str, str, int], int] | None = None
+    status: dict[str, Any] | None = None
+
+
+def slopes(lines: dict[tuple[str, str, int], int]) -> dict[tuple[str, str], float]:
+    """(step, side) -> line events per request per step, from n = 64 to 512."""
+    lo, hi = LINE_SIZES
+    return {(cell, side): (lines[cell, side, hi] - lines[cell, side, lo]) / (hi - lo)
+            for cell in LINE_STEPS for side in SIDES}
+
+
 def run_section(sizes: list[int], samples: int, target: float,
-                progress: Callable[[str], None] | None = None) -> list[StepRow]:
-    """Every hot spot at every size, upstream and kvest interleaved; answers checked first."""
-    up = upstream()
-    rows = []
-    override = up.get_context().override_server_args(page_size=PAGE_SIZE, **SPEC)
-    override.install()  # the speculative config the spec paths read
-    try:
+                progress: Callable[[str], None] | None = None,
+                names: list[str] | None = None) -> StepRows:
+    """Every step and loop at every size, upstream and kvest side by side;
+    outcomes compared first; then the line events."""
+    rows = StepRows()
+    with Pair() as pair:
+        rows.status = pair.status
         for n in sizes:
-            for name, (up_call, kv_call) in cases(n).items():
-                want, got = up_call(), kv_call()
-                if not same(want, got):
-                    raise AssertionError(f"{name} at n={n}: upstream {want!r}, kvest {got!r}")
-                t = measure({"upstream": up_call, "kvest": kv_call}, samples, target)
+            for name in names or HOT_SPOTS:
+                pair.check(name, n)
+                t = pair.measure(name, n, samples, target)
                 rows.append(StepRow(name, n, t["upstream"], t["kvest"]))
                 if progress:
                     progress(f"sglang {name} n={n}")
-    finally:
-        override.restore()
+        rows.lines = pair.lines()
     return rows
 
 
-def table(rows: list[StepRow], markdown: bool = False) -> str:
-    """Hot spots down, sizes across: ``upstream → kvest (speedup)`` in each cell."""
+def _one_table(rows: list[StepRow], names: list[str], head: str, markdown: bool) -> str:
     sizes = sorted({r.n for r in rows})
-    head = ["hot spot", *(f"n={n:,}" for n in sizes)]
     body = []
-    for name in HOT_SPOTS:
+    for name in names:
         cells = [name]
         for n in sizes:
             r = next((r for r in rows if r.hot_spot == name and r.n == n), None)
             cells.append("–" if r is None else
                          f"{fmt_time(r.upstream)} → {fmt_time(r.kvest)} ({r.speedup:.1f}×)")
         body.append(cells)
-    return render(head, body, markdown)
+    return render([head, *(f"n={n:,}" for n in sizes)], body, markdown)
+
+
+def lines_table(lines: dict[tuple[str, str, int], int], markdown: bool = False) -> str:
+    """Line events of one step at n = 64 and 512 and the slope, per side."""
+    slope = slopes(lines)
+    lo, hi = LINE_SIZES
+    body = [[cell, side, f"{lines[cell, side, lo]:,}", f"{lines[cell, side, hi]:,}",
+             f"{slope[cell, side]:.2f}"] for cell in LINE_STEPS for side in SIDES]
+    return render(["line events", "side", f"n={lo}", f"n={hi}", "per request"], body,
+                  markdown, left=2)
+
+
+def table(rows: list[StepRow], markdown: bool = False) -> str:
+    """The step table, the per-loop table and (where measured) the line events:
+    ``upstream → kvest (speedup)`` in each cell."""
+    parts = [_one_table(rows, STEPS, "hot spot", markdown)]
+    if any(r.hot_spot in LOOPS for r in rows):
+        parts.append(_one_table(rows, LOOPS, "hot spot", markdown))
+    lines = getattr(rows, "lines", None)
+    if lines:
+        parts.append(lines_table(lines, markdown))
+    return "\n\n".join(parts)
 
 
 def headline(rows: list[StepRow], n: int = 1024) -> str | None:
-    """The one sentence a reader should remember: the whole step at batch ``n``."""
-    r = next((r for r in rows if r.hot_spot == "step" and r.n == n), None)
+    """The one sentence a reader should remember: the EAGLE step at batch ``n``."""
+    r = next((r for r in rows if r.hot_spot == "step, EAGLE" and r.n == n), None)
     if r is None:
         return None
     return (f"per-step bookkeeping at batch {n:,}, from {r.upstream * 1e6:,.0f} µs to "
@@ -285,14 +442,56 @@ def headline(rows: list[StepRow], n: int = 1024) -> str | None:
 
 
 def targets(rows: list[StepRow]) -> list[Verdict]:
-    """(target, measured, met) for each hot spot's target at n = 256, 1,024 and 4,096."""
+    """(target, measured, met) for each target: steps at n = 1,024, line events."""
     out: list[Verdict] = []
+    lines = getattr(rows, "lines", None)
+    slope = slopes(lines) if lines else None
     for name, want in TARGETS.items():
-        sizes = [1024] if name == "step" else [256, 1024, 4096]
-        picked = [r for r in rows if r.hot_spot == name and r.n in sizes]
-        if not picked:
+        if name.startswith("line events"):
+            cell = "step, EAGLE" if name.endswith("EAGLE") else "step, no spec"
+            label = f"{name}: ≤ {want:g} per request per step (kvest)"
+            if slope is None:
+                out.append((label, "–", None))
+            else:
+                kv, up = slope[cell, "kvest"], slope[cell, "upstream"]
+                out.append((label, f"{kv:.2f} (upstream {up:.2f})", kv <= want))
             continue
-        worst = min(r.speedup for r in picked)
-        where = ", ".join(f"{r.speedup:.1f}× at {r.n:,}" for r in picked)
-        out.append((f"{name}: ≥ {want:g}×", where, worst >= want))
+        r = next((r for r in rows if r.hot_spot == name and r.n == 1024), None)
+        label = f"{name} at n=1,024: ≥ {want:g}×"
+        out.append((label, "–", None) if r is None else
+                   (label, f"{r.speedup:.1f}×", r.speedup >= want))
     return out
+
+
+def main(argv: list[str]) -> int:
+    """``--worker`` (the parent's), or a run printing the tables:
+    ``python -m kvest._bench.sglang_step [--quick] [--samples S] [--target SECONDS]``."""
+    if "--worker" in argv:
+        return worker()
+    import argparse
+
+    from kvest._bench.targets import verdicts
+
+    parser = argparse.ArgumentParser(prog="python -m kvest._bench.sglang_step")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--samples", type=int, default=7)
+    parser.add_argument("--target", type=float, default=0.02)
+    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")])
+    args = parser.parse_args(argv)
+    why = available()
+    if why:
+        print(f"skipped: {why}")
+        return 0
+    sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
+    say: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    start = time.perf_counter()
+    rows = run_section(sizes, args.samples, args.target, progress=say)
+    print(f"real sglang {upstream().version}; median of {args.samples} samples per cell, "
+          f"sides alternating; {time.perf_counter() - start:.0f} s")
+    print(f"workers: {rows.status}\n")
+    print(table(rows), "", headline(rows) or "", "", verdicts(targets(rows), False), sep="\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
