@@ -16,6 +16,7 @@ sides leave the same result and state.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 
@@ -46,9 +47,14 @@ def installed(side: str) -> contextlib.AbstractContextManager:
     return kvest.sglang.patch() if side == "kvest" else contextlib.nullcontext()
 
 
+# KVEST_BENCH_SIZES="1,256" narrows the batch sizes (CI checks each case once).
+SIZES = [int(n) for n in os.environ.get("KVEST_BENCH_SIZES", "").split(",") if n.strip()] \
+    or sglang_step.SIZES
+
+
 @pytest.mark.parametrize("side", sglang_step.SIDES)
 @pytest.mark.parametrize("hot_spot", sglang_step.HOT_SPOTS)
-@pytest.mark.parametrize("n", sglang_step.SIZES)
+@pytest.mark.parametrize("n", SIZES)
 def test_step(benchmark, cells, n, hot_spot, side):
     cells.use(hot_spot, n)
     want = cells.check()

@@ -39,8 +39,7 @@ SGLANG_START, SGLANG_END = "<!-- bench-sglang:start -->", "<!-- bench-sglang:end
 HEADLINE_START, HEADLINE_END = "<!-- bench-headline:start -->", "<!-- bench-headline:end -->"
 TABLE_START, TABLE_END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 # The README's short table: these hot spots at these batch sizes.
-HEADLINE_ROWS = ("estimate spec", "estimate no-spec", "alloc lens + 2 int32 tensors",
-                 "get_num_new_pages extend", "step")
+HEADLINE_ROWS = ("step, no spec", "step, EAGLE", "retract k=8")
 HEADLINE_SIZES = ("n=1", "n=256", "n=1,024", "n=4,096")
 
 

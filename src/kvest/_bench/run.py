@@ -56,14 +56,16 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
                    "against the release's loop):", verdicts(judged, True))]
     if steps:
         version = sglang_step.upstream().version
-        title = (f"One decode step's bookkeeping in real sglang {version} (real `Req` and "
-                 f"`ScheduleBatch`, page size {sglang_step.PAGE_SIZE}, EAGLE (3, 1, 4)): "
-                 "upstream → kvest (speedup):")
+        title = (f"The decode step as the scheduler runs it, real sglang {version}: two "
+                 "processes after load_plugins() (one with KVEST_SGLANG=0), real `Req`, "
+                 "`ScheduleBatch`, `ReqToTokenPool` and `PagedTokenToKVPoolAllocator` on CPU, "
+                 f"the slot search answered at once, page size {sglang_step.PAGE_SIZE}, "
+                 "EAGLE (3, 1, 4): upstream → kvest (speedup):")
         head = sglang_step.headline(steps) or ""
         judged = sglang_step.targets(steps)
         print(title, sglang_step.table(steps), "", head, "", verdicts(judged, False), sep="\n")
         parts += [(title, sglang_step.table(steps, markdown=True)),
-                  ("", f"**Headline: {head}.**"),
+                  ("", f"**Headline: {head} (EAGLE step).**"),
                   ("Targets on real requests:", verdicts(judged, True))]
     else:
         print(f"sglang section skipped: {why_not}")
