@@ -70,7 +70,7 @@ def _step_rows() -> list[StepRow]:
 def test_sglang_headline_and_targets():
     rows = _step_rows()
     assert sglang_step.headline(rows) == (
-        "per-step bookkeeping at batch 1,024, from 1,024 µs to 102 µs (10.0× less time)")
+        "EAGLE decode-step bookkeeping at batch 1,024, from 1,024 µs to 102 µs (10.0× less time)")
     judged = sglang_step.targets(rows)
     assert len({label for label, _, _ in judged}) == len(judged) == len(sglang_step.TARGETS)
     assert "→" in sglang_step.table(rows)

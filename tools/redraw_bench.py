@@ -97,7 +97,7 @@ def redraw(results: Path, figures: Path) -> None:
             blocks[i] = "\n".join(lines[:2] + [line for line in lines[2:]
                                               if _cells(line)[0][0] in keep])
     results.write_text("\n".join(blocks), encoding="utf-8")
-    version = re.search(r"real sglang (\S+) \(real", text)
+    version = re.search(r"real sglang (\d[\w.]*)", text)
     if step_rows and version:
         plots.plot_sglang(step_rows, str(figures / "bench-sglang.png"), version.group(1),
                           where=machine[0] if machine else None, speedups=speedups)

@@ -65,7 +65,7 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
         judged = sglang_step.targets(steps)
         print(title, sglang_step.table(steps), "", head, "", verdicts(judged, False), sep="\n")
         parts += [(title, sglang_step.table(steps, markdown=True)),
-                  ("", f"**Headline: {head} (EAGLE step).**"),
+                  ("", f"**Headline: {head}.**"),
                   ("Targets on real requests:", verdicts(judged, True))]
     else:
         print(f"sglang section skipped: {why_not}")

@@ -437,7 +437,7 @@ def headline(rows: list[StepRow], n: int = 1024) -> str | None:
     r = next((r for r in rows if r.hot_spot == "step, EAGLE" and r.n == n), None)
     if r is None:
         return None
-    return (f"per-step bookkeeping at batch {n:,}, from {r.upstream * 1e6:,.0f} µs to "
+    return (f"EAGLE decode-step bookkeeping at batch {n:,}, from {r.upstream * 1e6:,.0f} µs to "
             f"{r.kvest * 1e6:,.0f} µs ({r.speedup:.1f}× less time)")
 
 
