@@ -24,7 +24,7 @@ def test_doctor_reports_and_passes(capsys):
     assert f"sglang {INSTALLED.version} at" in out
     assert "a scheduler process here: kvest's kernels answer" in out
     assert "new_tokens_required_next_decode: replaced (select_requests at line" in out
-    assert "decode_count/nested at line" in out
+    assert "decode_count/" in out  # flat or nested, as the installed release reads
     assert out.rstrip().endswith("300 batches, 0 mismatches")
 
 
