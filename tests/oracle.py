@@ -410,6 +410,16 @@ def beam_member_rows_from_reqs(reqs, indices=None, *, exact_ints=False):
     return total
 
 
+def beam_groups_from_reqs(reqs, indices=None):
+    """The number of selected requests whose beam_group is not None."""
+    groups = 0
+    for req in _selected(_reqs(reqs), indices):
+        if not _has(req, "beam_group"):
+            raise Unmodelled("a request without beam_group")
+        groups += _attribute(req, "beam_group") is not None
+    return groups
+
+
 def _path(path: Any) -> tuple[str, ...]:
     return tuple(path.split(".")) if isinstance(path, str) else tuple(path)
 
@@ -453,6 +463,6 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
         spec_v2_new_tokens, decode_new_tokens, num_new_pages, spec_v1_new_tokens,
         alloc_len_per_decode, alloc_reserve_per_decode, decode_alloc_plan,
         spec_v2_new_tokens_from_reqs, decode_new_tokens_from_reqs,
-        decode_alloc_plan_from_reqs, beam_member_rows_from_reqs,
+        decode_alloc_plan_from_reqs, beam_member_rows_from_reqs, beam_groups_from_reqs,
     )
 }

@@ -325,6 +325,10 @@ def test_beam_member_rows_from_reqs(data, n, cls):
     got = check_exact("beam_member_rows_from_reqs", reqs, data.draw(indices_for(n)))
     if got[0] == "ok" and all(req.beam_group is None for req in reqs):
         assert got[1] == 0
+    chosen = data.draw(indices_for(n))
+    got = check_exact("beam_groups_from_reqs", reqs, chosen)
+    if got[0] == "ok" and chosen is None:
+        assert got[1] == sum(rows is not None for rows in groups)
 
 
 @pytest.mark.parametrize(("cls", "layout"), [(FlatReq, "nested"), (NestedReq, "flat"),
@@ -351,6 +355,8 @@ def test_request_functions_worked_example():
     reqs[2].beam_group = Beam(3)
     assert check_exact("beam_member_rows_from_reqs", reqs) == ("ok", 3)
     assert check_exact("beam_member_rows_from_reqs", reqs, [0, 1]) == ("ok", 0)
+    assert check_exact("beam_groups_from_reqs", reqs) == ("ok", 1)
+    assert check_exact("beam_groups_from_reqs", reqs, [2, 2, 0]) == ("ok", 2)
 
 
 @settings(deadline=None)

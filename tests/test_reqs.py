@@ -762,6 +762,41 @@ def test_beam_member_rows(data, reqs):
         assert reads == BeamProperty.reads  # the property read as often as upstream reads it
 
 
+def _groups_oracle(reqs, indices):
+    return sum(1 for r in _rows(reqs, indices) if r.beam_group is not None)
+
+
+@given(st.data(), beam_batches())
+def test_beam_groups(data, reqs):
+    """SGLang's append_beam_tail skip test, counted: the same count or exception,
+    with a property read once per request, as the loop reads it."""
+    indices = data.draw(selections(reqs))
+    want = _typed(_groups_oracle, reqs, indices)
+    event(want[0])
+    for impl in IMPLS:
+        BeamProperty.reads = 0
+        assert _typed(impl.beam_groups_from_reqs, reqs, indices) == want
+        reads = BeamProperty.reads
+        BeamProperty.reads = 0
+        _typed(_groups_oracle, reqs, indices)
+        assert reads == BeamProperty.reads
+
+
+def test_beam_groups_fixed():
+    reqs = [_beam_req("nested", None), _beam_req("nested", BeamGroup(3)),
+            _beam_req("tiny", BeamGroup(0)), _beam_req("property", None)]
+    for impl in IMPLS:
+        assert impl.beam_groups_from_reqs(reqs) == 2
+        assert impl.beam_groups_from_reqs(reqs, [0, 3, -4]) == 0
+        assert impl.beam_groups_from_reqs(reqs, np.array([1, 1])) == 2
+        assert impl.beam_groups_from_reqs(iter(reqs)) == 2
+        assert impl.beam_groups_from_reqs([]) == 0
+        with pytest.raises(AttributeError, match=r"reqs\[4\] has no .beam_group"):
+            impl.beam_groups_from_reqs([*reqs, TinyFlat(1, 1)])
+        with pytest.raises(IndexError):
+            impl.beam_groups_from_reqs(reqs, [4])
+
+
 def test_beam_member_rows_fixed():
     reqs = [_beam_req("nested", None), _beam_req("nested", BeamGroup(3)),
             _beam_req("tiny", BeamGroup(4)), _beam_req("nested", None)]

@@ -36,6 +36,7 @@ __all__ = [  # noqa: RUF022 -- grouped as the docs present them
     "spec_v1_new_tokens",
     "spec_v2_new_tokens",
     # request-object estimators (kvest._reqs)
+    "beam_groups_from_reqs",
     "beam_member_rows_from_reqs",
     "decode_alloc_plan_from_reqs",
     "decode_new_tokens_from_reqs",
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
         spec_v2_new_tokens,
     )
     from kvest._reqs import (
+        beam_groups_from_reqs,
         beam_member_rows_from_reqs,
         decode_alloc_plan_from_reqs,
         decode_new_tokens_from_reqs,

@@ -16,6 +16,7 @@ ARRAY_FUNCTIONS = (
 
 # Request-object estimators: kvest._reqs (compiled) and kvest.reference._reqs (pure).
 REQ_FUNCTIONS = (
+    "beam_groups_from_reqs",
     "beam_member_rows_from_reqs",
     "decode_alloc_plan_from_reqs",
     "decode_new_tokens_from_reqs",

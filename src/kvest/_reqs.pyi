@@ -9,6 +9,7 @@ import numpy.typing as npt
 from kvest._types import AllocPlan
 
 __all__ = [
+    "beam_groups_from_reqs",
     "beam_member_rows_from_reqs",
     "decode_alloc_plan_from_reqs",
     "decode_new_tokens_from_reqs",
@@ -48,6 +49,7 @@ def decode_alloc_plan_from_reqs(
     layout: Literal["flat", "mixed", "nested"] | None = None,
     exact_ints: bool = False,
 ) -> AllocPlan: ...
+def beam_groups_from_reqs(reqs: Iterable[Any] | Sequence[Any], indices: Any = None) -> int: ...
 def beam_member_rows_from_reqs(
     reqs: Iterable[Any] | Sequence[Any], indices: Any = None, *, exact_ints: bool = False
 ) -> Any: ...

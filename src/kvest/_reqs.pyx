@@ -154,6 +154,7 @@ cdef enum Kind:
     DECODE
     PLAN
     BEAM
+    BEAM_GROUPS
 
 
 cdef struct Job:
@@ -166,7 +167,7 @@ cdef struct Job:
     kv_divisor d
     int64_t tokens  # SPEC_V2, PLAN
     int64_t pages  # PLAN
-    uint64_t count  # DECODE
+    uint64_t count  # DECODE; BEAM_GROUPS: the requests with a beam group
     Py_ssize_t row  # PLAN: the output row being written
     Py_ssize_t rows  # PLAN: the rows cur and nxt hold; never written past
     void *cur
@@ -229,12 +230,30 @@ cdef int _beam_row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except
     return _beam_add(job, rows)
 
 
+cdef int _beam_group_row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
+    """``if req.beam_group is not None: count += 1``."""
+    cdef PyObject *raw = NULL
+    cdef int pure = 0
+    cdef int found = kv_get(cache, <PyObject *>req, KV_BEAM, &raw, &pure)
+    if found < 0:
+        return -1  # as upstream's loop: the caller's own exception, unchanged
+    if not found:
+        raise AttributeError(f"reqs[{pos}] has no .beam_group")
+    group = <object>raw
+    Py_DECREF(group)  # group holds the reference the read returned
+    if group is not None:
+        job.count += 1
+    return 0
+
+
 cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
     cdef kv_req_state st
     cdef int64_t c, a, tokens = 0, nxt
     cdef uint64_t nxt_fast, pages
     if job.kind == BEAM:
         return _beam_row(job, cache, req, pos)
+    if job.kind == BEAM_GROUPS:
+        return _beam_group_row(job, cache, req, pos)
     kv_req_begin(&st)
     c = _length(cache, req, pos, KV_COMMITTED, job.at_committed, &st, job.exact)
     if job.kind == DECODE:
@@ -612,3 +631,23 @@ def beam_member_rows_from_reqs(reqs, indices=None, *, exact_ints=False):
         return job.tokens
     finally:
         Py_XDECREF(job.beam_total)
+
+
+def beam_groups_from_reqs(reqs, indices=None):
+    """How many of the selected requests are in a beam group: ``sum(1 for r in
+    reqs if r.beam_group is not None)`` (``indices`` as in
+    :func:`decode_new_tokens_from_reqs`).
+
+    Zero means SGLang's ``append_beam_tail`` has no member rows to append.
+    """
+    if type(reqs) is not list:  # a list is what schedulers pass: no call for it
+        reqs = as_reqs(reqs)
+    cdef Job job
+    cdef _Rows sel
+    _job_init(&job, BEAM_GROUPS, 1, 0, None, False)
+    if indices is None:
+        _walk_all(&job, reqs)
+    else:
+        sel = _select(reqs, indices)
+        _walk_rows(&job, reqs, sel.rows, sel.m)
+    return job.count

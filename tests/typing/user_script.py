@@ -58,6 +58,7 @@ def main() -> None:
     plan2 = kvest.decode_alloc_plan_from_reqs(reqs, page_size, reserve, dtype=np.int32)
     assert_type(plan2, kvest.AllocPlan)
     kvest.beam_member_rows_from_reqs(reqs)
+    assert_type(kvest.beam_groups_from_reqs(reqs, [0]), int)
     assert_type(kvest.IMPLEMENTATION, str)
     assert_type(kvest.show_config(), dict[str, object])
     print("typing script ran:", plan.num_tokens, plan2.num_tokens)

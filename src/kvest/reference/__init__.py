@@ -17,6 +17,7 @@ __all__ = [
     "add_to_attrs",
     "alloc_len_per_decode",
     "alloc_reserve_per_decode",
+    "beam_groups_from_reqs",
     "beam_member_rows_from_reqs",
     "decode_alloc_plan",
     "decode_alloc_plan_from_reqs",

@@ -36,6 +36,7 @@ from kvest._inputs import (
 from kvest._types import AllocPlan
 
 __all__ = [
+    "beam_groups_from_reqs",
     "beam_member_rows_from_reqs",
     "decode_alloc_plan_from_reqs",
     "decode_new_tokens_from_reqs",
@@ -181,6 +182,22 @@ def decode_alloc_plan_from_reqs(
         tokens += nxt - cur
         pages += _ceil_div(nxt, p) - _ceil_div(cur, p)
     return AllocPlan(cur_out, nxt_out, tokens, pages)
+
+
+def beam_groups_from_reqs(reqs: Sequence[Any], indices: Any = None) -> int:
+    """How many of the selected requests are in a beam group: ``sum(1 for r in
+    reqs if r.beam_group is not None)`` (``indices`` as in
+    :func:`decode_new_tokens_from_reqs`).
+
+    Zero means SGLang's ``append_beam_tail`` has no member rows to append.
+    """
+    reqs = as_reqs(reqs)
+    reqs, rows = req_rows(reqs, indices)
+    count = 0
+    for pos, req in _selected(reqs, rows):
+        if beam_attr(req, "beam_group", pos, ".beam_group") is not None:
+            count += 1
+    return count
 
 
 def beam_member_rows_from_reqs(
