@@ -154,12 +154,38 @@ def _beam(tree, batch, reqs, p, rng):
     return fn(reqs)
 
 
+class _Holder:
+    """A batch's two fields append_beam_tail reads first (a plain class, as
+    ScheduleBatch is: reqs in the instance's __dict__)."""
+
+    def __init__(self, reqs):
+        self.reqs = reqs
+        self.beam_tail = None
+
+
+def _beam_tail(tree, batch, reqs, p, rng):
+    """append_beam_tail on the batch's requests: half the batches without a beam
+    group (the kernel's answer), the others with a tenth of their requests in
+    one (upstream's loop runs; a group with member rows needs names the
+    stand-ins do not load, so both sides raise alike)."""
+    fn = tree.modules["sglang.srt.beam_search.batch_tail"].append_beam_tail
+    share = 0.0 if rng.random() < 0.5 else 0.1
+    for r in reqs:
+        r.beam_group = types.SimpleNamespace(
+            member_rows=None if rng.random() < 0.5 else [7], retired=rng.random() < 0.3,
+            num_member_rows=1, member_rows_cpu=[7]) if rng.random() < share else None
+    holder = _Holder(reqs)
+    fn(holder)
+    return holder.beam_tail
+
+
 CALLS = {
     "new_tokens_required_next_decode": _estimate,
     "_new_tokens_required_next_decode_spec_v2": _spec_v2,
     "page_aligned_decode_alloc_lens": _alloc_lens,
     "get_num_new_pages": _pages,
     "num_beam_member_rows": _beam,
+    "append_beam_tail": _beam_tail,
 }
 
 # (file, old, new, hot spot): arithmetic edits inside what kvest compiles.
@@ -173,6 +199,8 @@ INSIDE = [
     (SIZING, "num_needed_tokens += nxt - cur", "num_needed_tokens += nxt - cur + 1",
      "page_aligned_decode_alloc_lens"),
     (BEAM, "if r.beam_group is not None)", "if r.beam_group)", "num_beam_member_rows"),
+    (BEAM, "if group is None or group.member_rows is None or group.retired:",
+     "if group is None or group.retired:", "append_beam_tail"),
 ]
 
 # The pattern each INSIDE edit breaks.
@@ -180,7 +208,8 @@ EDITED = {"new_tokens_required_next_decode": "decode_count",
           "_new_tokens_required_next_decode_spec_v2": "spec_v2_total",
           "get_num_new_pages": "get_num_new_pages",
           "page_aligned_decode_alloc_lens": "alloc_lens_loop",
-          "num_beam_member_rows": "beam_rows"}
+          "num_beam_member_rows": "beam_rows",
+          "append_beam_tail": "beam_tail_loop"}
 
 # Edits around the loops: the kernels stay.
 AROUND = [
@@ -196,6 +225,8 @@ AROUND = [
     (SIZING, '    cur_kv_lens = [0] * len(reqs)\n',
      '    if page_size <= 0:\n        raise ValueError("page_size")\n'
      '    cur_kv_lens = [0] * len(reqs)\n', "page_aligned_decode_alloc_lens"),
+    (BEAM, "    if not entries:\n        return\n",
+     "    if not entries:\n        batch.beam_tail = None\n        return\n", "append_beam_tail"),
 ]
 
 
@@ -248,7 +279,9 @@ def test_an_edit_around_a_loop_keeps_the_kernel_exact(edit, tmp_path):
             assert report["state"] == "replaced", report
             assert _answers(tree, [CALLS[spot]]) == expected
             report = monitor.status()["hotspots"][spot]
-            assert report["kernel"] > 0 and report["fallbacks"] == 0, report
+            assert report["kernel"] > 0, report
+            # append_beam_tail's loop is upstream's whenever a request is in a beam group.
+            assert (report["fallbacks"] > 0) == (spot == "append_beam_tail"), report
         finally:
             handle.undo()
 
@@ -341,3 +374,58 @@ def test_a_shadowed_helper_declines(tmp_path):
             assert spot["fallbacks"] == 1 and spot["kernel"] == 0
         finally:
             handle.undo()
+
+
+EAGLE = "sglang/srt/speculative/eagle_utils.py"
+
+
+@pytest.mark.parametrize(("rel", "old", "new", "spot", "kept", "above"), [
+    (EAGLE, "        r.decode_batch_idx += 1\n", "        r.decode_batch_idx += 2\n",
+     "eagle_prepare_for_decode", False, 0),
+    # (a statement added to the body: the message names it, a line below; the
+    # nearest pattern is then an older release's two-statement loop)
+    (BATCH, "            req.decode_batch_idx += 1\n",
+     "            req.decode_batch_idx += 1\n            req.kv.kv_committed_len += 0\n",
+     "prepare_for_decode", False, -1),
+    (EAGLE, "    for r in batch.reqs:\n        r.decode_batch_idx += 1\n",
+     "    assert batch.reqs is not None\n"
+     "    for r in batch.reqs:\n        r.decode_batch_idx += 1\n",
+     "eagle_prepare_for_decode", True, 0),
+], ids=["edited inside (eagle)", "edited inside (method)", "edited around (eagle)"])
+def test_the_batch_index_loop_is_compiled_only_as_shipped(rel, old, new, spot, kept, above,
+                                                          tmp_path):
+    """``decode_batch_idx += 1`` over the batch: an edit inside the loop leaves
+    it upstream's, with the line named; an edit around it keeps the writer.
+    (The loop's writes themselves: tests/test_sglang_writers.py.)"""
+    source = _edited_tree(tmp_path, rel, old, new)
+    with standin_tree(source, torch=TORCH):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            handle = kvest.sglang.patch()
+        try:
+            report = monitor.status()["hotspots"][spot]
+            if kept:
+                assert report["state"] == "replaced", report
+                assert report["patterns"][0].startswith("batch_idx_loop"), report
+            else:
+                assert report["state"] == "left alone", report
+                message = " ".join(str(w.message) for w in caught)
+                assert f"line {_line_of(source, rel, new) - above} differs from kvest's pattern " \
+                       "batch_idx_loop" in message, message
+            others = monitor.status()["hotspots"]["new_tokens_required_next_decode"]
+            assert others["state"] == "replaced"
+        finally:
+            handle.undo()
+
+
+def test_the_beam_tail_offset_read_after_the_loop_keeps_the_loop(tmp_path):
+    """append_beam_tail's loop is skipped only while its running offset is not
+    read after it (the kernel proves the loop would leave it as it was, but a
+    read of a loop variable is refused like any other)."""
+    source = _edited_tree(tmp_path, BEAM, "    if not entries:\n        return\n",
+                          "    if not entries:\n        return req\n")
+    with standin_tree(source) as tree:
+        fn = tree.modules["sglang.srt.beam_search.batch_tail"].append_beam_tail
+        found = rewrite.analyse(fn, ["beam_tail_loop"])
+        assert not found.found
+        assert any("'req' is used outside it" in n for n in found.notes), found.notes

@@ -20,7 +20,7 @@ import types
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from request_standins import NestedReq
+from request_standins import FlatReq, MixedReq, NestedReq
 from sglang_releases import check_required, releases
 
 from kvest.sglang import fingerprint, kernels, patterns, rewrite
@@ -32,33 +32,56 @@ NEWEST = next((t for t in reversed(RELEASES) if any(
 if NEWEST is None:
     pytest.skip("no sglang release with the writing loops available", allow_module_level=True)
 
+ALLOCATION = "sglang/srt/mem_cache/allocation.py"
+BATCH = "sglang/srt/managers/schedule_batch.py"
 CASES = {
-    # kind: (function, the function's parameters the loop reads)
-    "add_lengths_loop": ("alloc_for_decode_default", ("batch", "token_per_req")),
-    "max_allocated_loop": ("alloc_for_spec_decode", ("reqs", "nxt_kv_lens_list")),
+    # case: (file, function, the function's parameters the loop reads, pattern id,
+    #        the request shape of the releases it is in)
+    "add_lengths_loop": (ALLOCATION, "alloc_for_decode_default", ("batch", "token_per_req"),
+                         "add_lengths_loop/nested", NestedReq),
+    "max_allocated_loop": (ALLOCATION, "alloc_for_spec_decode", ("reqs", "nxt_kv_lens_list"),
+                           "max_allocated_loop/nested", NestedReq),
+    "batch_idx_loop": ("sglang/srt/speculative/eagle_utils.py", "eagle_prepare_for_decode",
+                       ("batch",), "batch_idx_loop", NestedReq),
+    "batch_idx_loop (method)": (BATCH, "prepare_for_decode", ("self",), "batch_idx_loop",
+                                NestedReq),
+    "batch_idx_loop (0.5.16-0.5.18)": (BATCH, "prepare_for_decode", ("self",),
+                                       "batch_idx_loop/flat2", MixedReq),
+    "batch_idx_loop (0.5.11-0.5.15)": (BATCH, "prepare_for_decode", ("self",),
+                                       "batch_idx_loop/flat3", FlatReq),
 }
 
 
-def _loop_function(kind: str, tmp_path) -> tuple[types.FunctionType, types.FunctionType]:
+def _release(pattern_id: str):
+    """The newest release at hand whose loop has the pattern's fingerprint."""
+    pattern = next(p for p in patterns.load() if p.id == pattern_id)
+    return next((t for t in reversed(releases()) if t.version in pattern.releases), None)
+
+
+def _loop_function(case: str, tmp_path) -> tuple[types.FunctionType, types.FunctionType]:
     """(upstream's loop in a function of its own, the same compiled by kvest)."""
-    name, params = CASES[kind]
-    relpath = "sglang/srt/mem_cache/allocation.py"
-    tree = NEWEST.tree(relpath)
+    relpath, name, params, pattern_id, _ = CASES[case]
+    kind = pattern_id.split("/")[0]
+    release = _release(pattern_id)
+    if release is None:
+        pytest.skip(f"no release with {pattern_id} at hand")
+    tree = release.tree(relpath)
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
-    text = NEWEST.path(relpath).read_text()
+    text = release.path(relpath).read_text()
     loops = [s for s in fingerprint.statements(fn.body) if patterns.SELECT[kind](s)]
     assert len(loops) == 1
     body = textwrap.indent(textwrap.dedent(ast.get_source_segment(text, loops[0],
                                                                   padded=True)), "    ")
-    path = tmp_path / f"loop_{kind}.py"
+    module_name = "loop_" + "".join(c if c.isalnum() else "_" for c in case)
+    path = tmp_path / f"{module_name}.py"
     path.write_text(f"def {name}({', '.join(params)}):\n{body}\n")
-    spec = importlib.util.spec_from_file_location(f"loop_{kind}", path)
+    spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     original = getattr(module, name)
     analysis = rewrite.analyse(original, [kind])
-    assert [f.pattern.kind for f in analysis.found] == [kind], analysis.notes
+    assert [f.pattern.id for f in analysis.found] == [pattern_id], analysis.notes
     found = analysis.found[0]
     maker, inputs, binds = kernels.GLUE[kind]
     swap = rewrite.Swap(found, maker(found.pattern, name, {}), inputs, binds)
@@ -87,21 +110,29 @@ VALUES = st.one_of(st.integers(0, 2**21), st.integers(-2**70, 2**70),
 
 
 @st.composite
-def worlds(draw):
+def worlds(draw, cls=NestedReq):
     reqs = []
     for _ in range(draw(st.integers(0, 12))):
-        req = NestedReq(draw(VALUES), draw(VALUES))
+        req = cls(draw(VALUES), draw(VALUES))
+        req.decode_batch_idx = draw(VALUES)
         if draw(st.integers(0, 9)) == 0:
             req.kv = None  # a request whose KV info is gone: AttributeError
+        if draw(st.integers(0, 9)) == 0:
+            del req.decode_batch_idx  # AttributeError part-way
         reqs.append(req)
     return reqs
 
 
 def _state(reqs):
-    return [(None,) if r.kv is None else
-            (type(r.kv.kv_committed_len).__name__, repr(r.kv.kv_committed_len),
-             type(r.kv.kv_allocated_len).__name__, repr(r.kv.kv_allocated_len))
-            for r in reqs]
+    """Each request's lengths and batch index, wherever its shape keeps them."""
+    def value(obj, name):
+        v = getattr(obj, name, "missing") if obj is not None else "no kv"
+        return type(v).__name__, repr(v)
+
+    return [value(r, "decode_batch_idx")
+            + value(r, "kv_committed_len") + value(r, "kv_allocated_len")
+            + value(getattr(r, "kv", None), "kv_committed_len")
+            + value(getattr(r, "kv", None), "kv_allocated_len") for r in reqs]
 
 
 def _run(fn, *args):
@@ -120,10 +151,12 @@ def loop(request, tmp_path_factory):
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_the_writer_leaves_requests_as_the_loop_does(loop, data):
-    kind, original, compiled = loop
-    reqs = data.draw(worlds())
+    case, original, compiled = loop
+    reqs = data.draw(worlds(CASES[case][4]))
     twin = copy.deepcopy(reqs)
-    if kind == "add_lengths_loop":
+    if case.startswith("batch_idx_loop"):
+        args, twin_args = (types.SimpleNamespace(reqs=reqs),), (types.SimpleNamespace(reqs=twin),)
+    elif case == "add_lengths_loop":
         delta = data.draw(st.one_of(st.integers(-5, 5), st.sampled_from([2**64, 0.5])))
         args = (types.SimpleNamespace(reqs=reqs), delta)
         twin_args = (types.SimpleNamespace(reqs=twin), delta)

@@ -59,6 +59,15 @@ ACCEPTED = {
     # the loops that write to requests
     "226feb6771b3": ("add_lengths_loop/nested", {}),
     "52ea9dba3a67": ("max_allocated_loop/nested", {}),
+    # `for req in <batch>.reqs: req.<path> += 1` for each path, in this order
+    "cdc4dffc828b": ("batch_idx_loop", {"paths": [["decode_batch_idx"]]}),
+    "c8bf94dc0a90": ("batch_idx_loop/flat2", {"paths": [["decode_batch_idx"],
+                                                        ["kv_committed_len"]]}),
+    "5df113efbe18": ("batch_idx_loop/flat3", {"paths": [["decode_batch_idx"],
+                                                        ["kv_committed_len"],
+                                                        ["kv_allocated_len"]]}),
+    # append_beam_tail's loop, compiled only as "no request is in a beam group"
+    "12869f036c9f": ("beam_tail_loop", {}),
 }
 # Loops kvest compiles only in the releases where they took the shape above;
 # older shapes of them are left alone, as the patterns say.
@@ -75,6 +84,18 @@ def _find(tree: ast.Module, qualname: str) -> ast.FunctionDef | None:
             return None
         body = node.body
     return node if isinstance(node, ast.FunctionDef) else None
+
+
+def _added_paths(stmt: ast.stmt) -> list[list[str]]:
+    """The attribute paths a ``for`` loop's ``x.<path> += ...`` statements write."""
+    paths = []
+    for node in getattr(stmt, "body", []):
+        target, path = getattr(node, "target", None), []
+        while isinstance(target, ast.Attribute):
+            path.insert(0, target.attr)
+            target = target.value
+        paths.append(path)
+    return paths
 
 
 def _wheels(paths: list[str]) -> list[Path]:
@@ -111,12 +132,13 @@ def survey(wheels: list[Path]) -> tuple[dict[str, dict], list[str]]:
             if fn is None:
                 continue  # not in this release
             select = SELECT[place.kind]
+            stmts: list[ast.stmt] = []
             if select is None:
                 prints = [fingerprint.print_function(fn)]
             else:
                 local = fingerprint.function_locals(fn)
-                prints = [fingerprint.print_statement(s, local)
-                          for s in fingerprint.statements(fn.body) if select(s)]
+                stmts = [s for s in fingerprint.statements(fn.body) if select(s)]
+                prints = [fingerprint.print_statement(s, local) for s in stmts]
             if not prints:
                 continue  # this release's function has no such statement
             if len(prints) != 1:
@@ -132,6 +154,10 @@ def survey(wheels: list[Path]) -> tuple[dict[str, dict], list[str]]:
                                 f"fingerprint {found.digest[:12]}, which kvest has not accepted")
                 continue
             pattern_id, extra = accepted
+            if "paths" in extra and extra["paths"] != _added_paths(stmts[0]):
+                problems.append(f"{version}: {place.function}: {pattern_id} writes "
+                                f"{_added_paths(stmts[0])}, not the paths ACCEPTED says")
+                continue
             canonical = {actual: canon for canon, actual in found.names.items()}
             wanted = dict(place.roles)
             if "reserve" in extra:

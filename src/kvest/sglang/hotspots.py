@@ -35,6 +35,7 @@ __all__ = ["HOTSPOTS", "Plan", "Target", "plan"]
 BATCH_MODULE = "sglang.srt.managers.schedule_batch"
 COMMON_MODULE = "sglang.srt.utils.common"
 BEAM_MODULE = "sglang.srt.beam_search.batch_tail"
+EAGLE_MODULE = "sglang.srt.speculative.eagle_utils"
 ALLOCATION_MODULE = "sglang.srt.mem_cache.allocation"
 ALLOC_MODULES = (
     "sglang.srt.mem_cache.allocation_sizing",
@@ -53,6 +54,8 @@ HOTSPOTS: dict[str, tuple[tuple[str, ...], str | None, str, tuple[str, ...]]] = 
         (BATCH_MODULE,), "ScheduleBatch", "_new_tokens_required_next_decode_spec_v2",
         ("spec_v2_total",)),
     "num_beam_member_rows": ((BEAM_MODULE,), None, "num_beam_member_rows", ("beam_rows",)),
+    # The loop of append_beam_tail, skipped when no request is in a beam group.
+    "append_beam_tail": ((BEAM_MODULE,), None, "append_beam_tail", ("beam_tail_loop",)),
     "page_aligned_decode_alloc_lens": (ALLOC_MODULES, None, "page_aligned_decode_alloc_lens",
                                        ("alloc_lens_loop",)),
     "get_num_new_pages": ((COMMON_MODULE,), None, "get_num_new_pages", ("get_num_new_pages",)),
@@ -60,10 +63,10 @@ HOTSPOTS: dict[str, tuple[tuple[str, ...], str | None, str, tuple[str, ...]]] = 
     "alloc_for_decode": ((ALLOCATION_MODULE,), None, "alloc_for_decode", ("add_lengths_loop",)),
     "alloc_for_decode_default": ((ALLOCATION_MODULE,), None, "alloc_for_decode_default",
                                  ("add_lengths_loop",)),
-    # (``r.decode_batch_idx += 1`` in prepare_for_decode and eagle_prepare_for_decode
-    # stays upstream's: CPython writes an instance-dict attribute in place at a
-    # remembered position, which no public C API can; kvest's writer measured
-    # 0.64x the loop's speed there.)
+    "prepare_for_decode": ((BATCH_MODULE,), "ScheduleBatch", "prepare_for_decode",
+                           ("batch_idx_loop",)),
+    "eagle_prepare_for_decode": ((EAGLE_MODULE,), None, "eagle_prepare_for_decode",
+                                 ("batch_idx_loop",)),
     "alloc_for_spec_decode": ((ALLOCATION_MODULE,), None, "alloc_for_spec_decode",
                               ("max_allocated_loop",)),
 }
@@ -257,7 +260,8 @@ def _plan_one(name: str, fn: Any, kinds: tuple[str, ...], entry: monitor.Spot) -
             entry.notes.append(f"line {found.stmt.lineno}: {why}; left alone")
             continue
         maker, inputs, binds = kernels.GLUE[found.pattern.kind]
-        swaps.append(rewrite.Swap(found, maker(found.pattern, name, checked), inputs, binds))
+        swaps.append(rewrite.Swap(found, maker(found.pattern, name, checked), inputs, binds,
+                                  kernels.READS.get(found.pattern.kind)))
         entry.patterns.append(f"{found.pattern.id} at line {found.stmt.lineno}")
     if not swaps:
         return None

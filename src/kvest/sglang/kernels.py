@@ -266,6 +266,59 @@ def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     return max_allocated_loop
 
 
+def make_batch_idx_loop(pattern: Pattern, name: str, checked: dict[str, Any]
+                        ) -> Callable[..., Any]:
+    """``for req in owner.reqs: req.decode_batch_idx += 1`` (0.5.19 on; before,
+    the same loop also adds 1 to the flat lengths: the pattern's paths), with
+    the semantics of :func:`make_add_lengths_loop`."""
+    add, spot = _writer("add_to_attrs"), monitor.spot(name)
+    paths = pattern.paths
+
+    def batch_idx_loop(owner: Any) -> None:
+        if not _STATE.announced:
+            _first_call()
+        if add is None:
+            spot.fallbacks += 1
+            raise Declined
+        reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
+        spot.kernel += 1
+        add(reqs, paths, 1)
+
+    return batch_idx_loop
+
+
+def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
+                        ) -> Callable[..., Any]:
+    """``for i, req in enumerate(owner.reqs): group = req.beam_group; if group is
+    None or ...: continue; ...`` (SGLang's ``append_beam_tail``).  With no
+    request in a beam group the loop only reads each ``beam_group``, which the
+    kernel does, once each, the same way; with one, upstream's loop runs (and
+    reads them again: SGLang's ``beam_group`` is a plain attribute).
+    ``owner.reqs`` must be a plain list in the instance's ``__dict__``, so that
+    reading it here and again in upstream's loop give the same list, and
+    ``enumerate`` the builtin."""
+    kernel, spot = kvest.beam_groups_from_reqs, monitor.spot(name)
+
+    def beam_tail_loop(owner: Any, enumerate_: Any) -> None:
+        if not _STATE.announced:
+            _first_call()
+        if enumerate_ is _ENUMERATE and not _lookup_is_special(type(owner), "reqs"):
+            reqs = vars(owner).get("reqs")
+            if type(reqs) is list:
+                try:
+                    groups = kernel(reqs)
+                except Exception:
+                    pass  # upstream's loop raises its own exception
+                else:
+                    if groups == 0:
+                        spot.kernel += 1
+                        return
+        spot.fallbacks += 1
+        raise Declined
+
+    return beam_tail_loop
+
+
 GLUE: dict[str, tuple[Callable[..., Any], tuple[str, ...], str | None]] = {
     # kind: (glue maker, the roles passed in order, the role bound (None: returned))
     "decode_count": (make_decode_count, ("requests", "page_size"), "target"),
@@ -278,10 +331,16 @@ GLUE: dict[str, tuple[Callable[..., Any], tuple[str, ...], str | None]] = {
     # the loops that write to requests: a statement that binds nothing
     "add_lengths_loop": (make_add_lengths_loop, ("owner", "delta"), ""),
     "max_allocated_loop": (make_max_allocated_loop, ("reqs", "values"), ""),
+    "batch_idx_loop": (make_batch_idx_loop, ("owner",), ""),
+    # reads only: the loop is skipped when it would append nothing
+    "beam_tail_loop": (make_beam_tail_loop, ("owner",), ""),
 }
+# The global names a glue takes after its inputs, where not every global its
+# statement reads (the loop's body past the point the kernel proves it stops).
+READS: dict[str, tuple[str, ...]] = {"beam_tail_loop": ("enumerate",)}
 # Hot spots whose patterns write to requests: never run twice (shadow mode
 # leaves them to upstream).
-WRITERS = frozenset({"add_lengths_loop", "max_allocated_loop"})
+WRITERS = frozenset({"add_lengths_loop", "max_allocated_loop", "batch_idx_loop"})
 
 
 # ------------------------------------------------------------------ whole functions

@@ -52,10 +52,25 @@ def _for_writing(*attrs: str) -> Callable[[ast.stmt], bool]:
     return select
 
 
+def _for_updating(attr: str) -> Callable[[ast.stmt], bool]:
+    """A ``for`` loop whose body only updates attributes in place (``x.a op= v``),
+    ``attr`` among them (so that an edit of one, ``+= 2``, is still a candidate
+    that kvest reports)."""
+    def select(stmt: ast.stmt) -> bool:
+        return isinstance(stmt, ast.For) and all(
+            isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Attribute)
+            for node in stmt.body) and any(
+            isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Attribute)
+            and node.target.attr == attr for node in stmt.body)
+    return select
+
+
 BATCH = "sglang/srt/managers/schedule_batch.py"
 ALLOCATION = "sglang/srt/mem_cache/allocation.py"
 ALLOC_SIZING = "sglang/srt/mem_cache/allocation_sizing.py"
 COMMON = "sglang/srt/utils/common.py"
+BEAM_TAIL = "sglang/srt/beam_search/batch_tail.py"
+EAGLE_UTILS = "sglang/srt/speculative/eagle_utils.py"
 
 # How to pick each kind's statement out of its function (None: the whole
 # function is the pattern).
@@ -71,6 +86,8 @@ SELECT: dict[str, Callable[[ast.stmt], bool] | None] = {
     "ceil_div": None,
     "add_lengths_loop": _for_writing("kv_allocated_len", "kv_committed_len"),
     "max_allocated_loop": _for_writing("kv_allocated_len"),
+    "beam_tail_loop": _is_for,
+    "batch_idx_loop": _for_updating("decode_batch_idx"),
 }
 
 
@@ -93,8 +110,11 @@ PLACES: tuple[Place, ...] = (
           {"target": "requests", "owner": "self", "selected": "selected_indices"}),
     Place("spec_v2_total", BATCH, "ScheduleBatch._new_tokens_required_next_decode_spec_v2",
           {"total": "total", "requests": "requests", "page_size": "page_size"}),
-    Place("beam_rows", "sglang/srt/beam_search/batch_tail.py", "num_beam_member_rows",
-          {"reqs": "reqs"}),
+    Place("beam_rows", BEAM_TAIL, "num_beam_member_rows", {"reqs": "reqs"}),
+    # ("offset": the running row offset, set before the loop and changed only
+    # past its `continue`, which the kernel's answer -- no request in a beam
+    # group -- proves the loop never reaches: skipping the loop leaves it as is.)
+    Place("beam_tail_loop", BEAM_TAIL, "append_beam_tail", {"owner": "batch", "offset": "t"}),
     Place("alloc_lens_loop", ALLOC_SIZING, "page_aligned_decode_alloc_lens",
           {"reqs": "reqs", "reserve": "reserve", "page_size": "page_size",
            "cur": "cur_kv_lens", "nxt": "nxt_kv_lens", "total": "num_needed_tokens"}),
@@ -108,6 +128,8 @@ PLACES: tuple[Place, ...] = (
           {"owner": "batch", "delta": "token_per_req"}),
     Place("max_allocated_loop", ALLOCATION, "alloc_for_spec_decode",
           {"reqs": "reqs", "values": "nxt_kv_lens_list"}),
+    Place("batch_idx_loop", BATCH, "ScheduleBatch.prepare_for_decode", {"owner": "self"}),
+    Place("batch_idx_loop", EAGLE_UTILS, "eagle_prepare_for_decode", {"owner": "batch"}),
 )
 
 
@@ -125,6 +147,8 @@ class Pattern:
     releases: tuple[str, ...]
     layout: str | None = None
     reserve_factor: int = 1
+    # a writing loop's attribute paths (each ``req.<path> += 1``), in its order
+    paths: tuple[tuple[str, ...], ...] = ()
 
     @property
     def whole(self) -> bool:
@@ -147,7 +171,8 @@ def load() -> tuple[Pattern, ...]:
                 roles=dict(e["roles"]), globals=tuple(e["globals"]),
                 nodes={p: (n[0], n[1]) for p, n in e["nodes"].items()},
                 releases=tuple(e["releases"]), layout=e.get("layout"),
-                reserve_factor=int(e.get("reserve_factor", 1)))
+                reserve_factor=int(e.get("reserve_factor", 1)),
+                paths=tuple(tuple(path) for path in e.get("paths", ())))
         for e in data["patterns"])
 
 

@@ -310,6 +310,10 @@ class Swap:
     inputs: tuple[str, ...]  # roles passed, in order
     # the role assigned from the glue's result; None: ``return`` it; "": neither
     binds: str | None
+    # the global names passed after the inputs (None: every global the statement
+    # reads); a name read only on a path the kernel never takes is not passed,
+    # so that reading it cannot raise where upstream's statement would not
+    reads: tuple[str, ...] | None = None
 
 
 def rebuild(analysis: Analysis, swaps: list[Swap]) -> types.FunctionType:
@@ -336,7 +340,8 @@ def rebuild(analysis: Analysis, swaps: list[Swap]) -> types.FunctionType:
             swap, cell = hit
             found = swap.found
             args: list[ast.expr] = [ast.Name(found.name(r), ast.Load()) for r in swap.inputs]
-            args += [ast.Name(g, ast.Load()) for g in found.pattern.globals]
+            reads = found.pattern.globals if swap.reads is None else swap.reads
+            args += [ast.Name(g, ast.Load()) for g in reads]
             call = ast.Call(ast.Name(cell, ast.Load()), args, [])
             first: ast.stmt
             if swap.binds is None:

@@ -80,6 +80,8 @@ ESTIMATOR_METHODS = (
     "new_tokens_required_next_decode",
     "_new_tokens_required_next_decode_spec_v2",
     "is_spec_v2",
+    # (read by kvest's plan for its decode_batch_idx loop; never called here)
+    "prepare_for_decode",
 )
 
 
@@ -379,7 +381,8 @@ class StandinTree:
 
         self.alloc_modules = [m for m in (self._load(rel, ALLOC_FUNCTIONS) for rel in ALLOC_FILES)
                               if m is not None]
-        beam = self._load("sglang/srt/beam_search/batch_tail.py", ("num_beam_member_rows",))
+        beam = self._load("sglang/srt/beam_search/batch_tail.py",
+                          ("num_beam_member_rows", "append_beam_tail"))
 
         batch_module = self._module("sglang.srt.managers.schedule_batch",
                                     "sglang/srt/managers/schedule_batch.py")
