@@ -345,10 +345,12 @@ def _loop_main() -> int:
     load_plugins()
     import kvest.sglang
 
+    loops = [decode_loop(*case) for case in LOOP_CASES]
     report = kvest.sglang.status()
     result = {"mode": report["mode"],
               "hotspots": {k: v["state"] for k, v in report["hotspots"].items()},
-              "loops": [decode_loop(*case) for case in LOOP_CASES]}
+              "kernel_calls": {k: v["kernel"] for k, v in report["hotspots"].items()},
+              "loops": loops}
     sys.stdout.write(json.dumps(result))
     return 0
 
