@@ -1,6 +1,7 @@
 """Regenerate the benchmark results: docs/benchmarks.md in full, the README's headline.
 
     python tools/update_readme.py [--quick] [--sglang-python PYTHON [--sglang-pythonpath DIRS]]
+    python tools/update_readme.py --sglang-python PYTHON --sglang-only
     python tools/update_readme.py --from-recorded [--redraw]
 
 The first form runs ``python -m kvest bench --plot docs/bench.png --markdown
@@ -11,7 +12,9 @@ whose environment has SGLang's scheduler modules (the real-SGLang section, plot
 installed in it or found through ``--sglang-pythonpath`` (set as ``PYTHONPATH``
 for that run only).  It replaces the text between the ``bench:start`` and
 ``bench:end`` markers of docs/benchmarks.md with what they wrote.  Without
-``--sglang-python`` the real-SGLang part is kept as it was.
+``--sglang-python`` the real-SGLang part is kept as it was; with
+``--sglang-only`` only the real-SGLang part is rerun, and the array and object
+tables (each headed by the run it came from) and ``bench.png`` are kept.
 
 Either way, the README's headline (the sentence between the
 ``bench-headline`` markers and the short table between the ``bench-table``
@@ -115,6 +118,9 @@ def main() -> int:
                         help="interpreter of an environment where sglang imports")
     parser.add_argument("--sglang-pythonpath", metavar="DIRS",
                         help="PYTHONPATH for the --sglang-python run (kvest, matplotlib)")
+    parser.add_argument("--sglang-only", action="store_true",
+                        help="with --sglang-python: rerun only the real-SGLang part, and keep "
+                             "the recorded array and object tables (and bench.png)")
     parser.add_argument("--from-recorded", action="store_true",
                         help="run nothing: the README's headline from docs/benchmarks.md")
     parser.add_argument("--redraw", action="store_true",
@@ -122,6 +128,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.redraw and not args.from_recorded:
         parser.error("--redraw goes with --from-recorded")
+    if args.sglang_only and not args.sglang_python:
+        parser.error("--sglang-only goes with --sglang-python")
     docs = ROOT / "docs"
     if args.from_recorded:
         if args.redraw:
@@ -138,10 +146,13 @@ def main() -> int:
                         args.quick, args.sglang_pythonpath)
         sglang += ("\n\n![decode-step bookkeeping, real sglang against kvest]"
                    "(bench-sglang.png)")
-    arrays = _bench(sys.executable, [], docs / "bench.png", args.quick)
+    arrays = None if args.sglang_only else _bench(sys.executable, [], docs / "bench.png",
+                                                   args.quick)
     # Read only now: the runs take minutes, and the prose may change meanwhile.
     text = RESULTS.read_text(encoding="utf-8")
     head, old, tail = _between(text, START, END)
+    if arrays is None:  # the recorded tables, from the run their header names
+        arrays = _between(old, SGLANG_END, "\n\n![time per request]")[1].strip()
     if sglang is None:
         if SGLANG_START in old:
             sglang = _between(old, SGLANG_START, SGLANG_END)[1].strip()

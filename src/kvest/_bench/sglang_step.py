@@ -20,7 +20,7 @@ each timed from the same state (restored outside the timed region):
   capacity answer "does not fit" until 8 requests are retracted.
 
 Per loop, each replaced hot spot alone, called as its caller calls it: the
-estimates, ``alloc_for_decode_default``, ``page_aligned_decode_alloc_lens``
+estimates, ``append_beam_tail``, ``alloc_for_decode_default``, ``page_aligned_decode_alloc_lens``
 with its two int32 tensors, ``alloc_for_spec_decode``, ``get_num_new_pages``.
 
 torch runs one intra-op thread in each worker (:func:`sglang_world.one_thread`).
@@ -52,7 +52,7 @@ SPEC = dict(speculative_algorithm="EAGLE", speculative_num_steps=3,
             speculative_eagle_topk=1, speculative_num_draft_tokens=4)
 RETRACTIONS = 8
 STEPS = ["step, no spec", "step, EAGLE", f"retract k={RETRACTIONS}"]
-LOOPS = ["estimate no-spec", "estimate spec", "alloc_for_decode_default",
+LOOPS = ["estimate no-spec", "estimate spec", "append_beam_tail", "alloc_for_decode_default",
          "alloc lens + 2 int32 tensors", "alloc_for_spec_decode",
          "get_num_new_pages decode", "get_num_new_pages extend"]
 HOT_SPOTS = STEPS + LOOPS
@@ -137,6 +137,9 @@ class Cells:
             self.call = world.step
         elif name.startswith("estimate"):
             self.call = lambda: batch.new_tokens_required_next_decode()  # looked up per call
+        elif name == "append_beam_tail":
+            # As prepare_for_decode calls it (no request in a beam group).
+            self.call = lambda: s.batch_tail.append_beam_tail(batch)
         elif name == "alloc_for_decode_default":
             self.call = lambda: s.allocation.alloc_for_decode_default(batch, 1)
         elif name == "alloc lens + 2 int32 tensors":

@@ -42,6 +42,7 @@ def sg() -> SimpleNamespace:
     """SGLang's modules and classes, imported once (scheduler modules first, so
     that a later ``load_plugins()`` finds them loaded)."""
     import sglang
+    import sglang.srt.beam_search.batch_tail as batch_tail
     import sglang.srt.managers.schedule_batch as sb
     import sglang.srt.mem_cache.allocation as allocation
     import sglang.srt.mem_cache.allocation_sizing as sizing
@@ -131,7 +132,8 @@ def sg() -> SimpleNamespace:
 
     return SimpleNamespace(
         version=sglang.__version__, torch=torch, sb=sb, allocation=allocation, sizing=sizing,
-        paged=paged, eagle=eagle, common=common, Cache=Cache, Slots=Slots,
+        paged=paged, eagle=eagle, common=common, batch_tail=batch_tail, Cache=Cache,
+        Slots=Slots,
         InstantSlots=InstantSlots,
         ReqToTokenPool=ReqToTokenPool, ForwardMode=ForwardMode, get_context=get_context,
         SamplingParams=SamplingParams, SpeculativeAlgorithm=SpeculativeAlgorithm)
