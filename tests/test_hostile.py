@@ -40,6 +40,8 @@ REQ_FUNCTIONS = {
     "plan": ("decode_alloc_plan_from_reqs", (16, 20)),
     "beam": ("beam_member_rows_from_reqs", ()),
 }
+# The request readers that take no exact_ints: the walks and containers above.
+READERS = {**REQ_FUNCTIONS, "beam_groups": ("beam_groups_from_reqs", ())}
 
 
 def run_isolated(code: str, pure: str) -> list[str]:
@@ -86,10 +88,10 @@ def isolated(body: str, pure: str, setup: str = "") -> list[str]:
 # ------------------------------------------- crash-prone: each in a subprocess
 
 @pytest.mark.parametrize("pure", PURE, ids=PURE_IDS)
-@pytest.mark.parametrize("fn", REQ_FUNCTIONS, ids=list(REQ_FUNCTIONS))
+@pytest.mark.parametrize("fn", READERS, ids=list(READERS))
 def test_list_shrunk_by_a_property_during_a_call_with_indices(fn, pure):
     """reqs[0]'s property empties the list; the walk then asks for reqs[4]."""
-    name, args = REQ_FUNCTIONS[fn]
+    name, args = READERS[fn]
     lines = isolated(f"""
     class Req:
         def __init__(self):
@@ -111,11 +113,11 @@ def test_list_shrunk_by_a_property_during_a_call_with_indices(fn, pure):
 
 
 @pytest.mark.parametrize("pure", PURE, ids=PURE_IDS)
-@pytest.mark.parametrize("fn", REQ_FUNCTIONS, ids=list(REQ_FUNCTIONS))
+@pytest.mark.parametrize("fn", READERS, ids=list(READERS))
 def test_indices_that_shrink_reqs_while_read(fn, pure):
     """An index's __index__ shrinks reqs: -5 was checked against 5 rows, so it is
     row 0, never a negative position into the shorter list."""
-    name, args = REQ_FUNCTIONS[fn]
+    name, args = READERS[fn]
     lines = isolated(f"""
     from types import SimpleNamespace
     class Shrinking:
@@ -481,6 +483,7 @@ def test_indices_is_the_parameter_after_the_scalars():
         assert impl.decode_alloc_plan_from_reqs(reqs, 16, 20, [1]).num_tokens == 31
         assert impl.decode_alloc_plan_from_reqs(reqs, 16, 20, indices=[1]).num_tokens == 31
         assert impl.beam_member_rows_from_reqs(reqs, [2]) == 0
+        assert impl.beam_groups_from_reqs(reqs, [2]) == 0
 
 
 class NoBeam:
@@ -493,6 +496,9 @@ class NoBeam:
 ], ids=["no beam_group", "no num_member_rows", "a str"])
 def test_beam_messages_agree(reqs):
     assert check_same("beam_member_rows_from_reqs", reqs)[0] == "raise"
+    # (a group without rows is still a group)
+    assert check_same("beam_groups_from_reqs", reqs)[0] == ("raise" if not reqs[0].__dict__
+                                                            else "ok")
 
 
 class Colliding:
@@ -622,11 +628,11 @@ class FailingIter:
         raise RuntimeError("no iterator")
 
 
-@pytest.mark.parametrize("fn", REQ_FUNCTIONS, ids=list(REQ_FUNCTIONS))
+@pytest.mark.parametrize("fn", READERS, ids=list(READERS))
 @pytest.mark.parametrize(("make", "where"), [(_failing_generator, 1), (FailingIter, 0)],
                          ids=["generator", "__iter__"])
 def test_reqs_whose_iteration_fails(fn, make, where):
-    name, args = REQ_FUNCTIONS[fn]
+    name, args = READERS[fn]
     for impl in IMPLS:
         with pytest.raises(TypeError, match=rf"^reqs could not be read at reqs\[{where}\]: "
                                             "RuntimeError"):
