@@ -748,37 +748,26 @@ def _typed(fn, *args):
     return kind, (type(value), repr(value)) if kind == "ok" else value
 
 
-@given(st.data(), beam_batches())
-def test_beam_member_rows(data, reqs):
-    indices = data.draw(selections(reqs))
-    want = _typed(_beam_oracle, reqs, indices)
-    event(want[0])
-    for impl in IMPLS:
-        BeamProperty.reads = 0
-        assert _typed(impl.beam_member_rows_from_reqs, reqs, indices) == want
-        reads = BeamProperty.reads
-        BeamProperty.reads = 0
-        _typed(_beam_oracle, reqs, indices)
-        assert reads == BeamProperty.reads  # the property read as often as upstream reads it
-
-
 def _groups_oracle(reqs, indices):
     return sum(1 for r in _rows(reqs, indices) if r.beam_group is not None)
 
 
-@given(st.data(), beam_batches())
-def test_beam_groups(data, reqs):
-    """SGLang's append_beam_tail skip test, counted: the same count or exception,
-    with a property read once per request, as the loop reads it."""
+# SGLang's num_beam_member_rows, and append_beam_tail's skip test counted.
+@pytest.mark.parametrize(("name", "oracle"), [("beam_member_rows_from_reqs", _beam_oracle),
+                                              ("beam_groups_from_reqs", _groups_oracle)])
+@given(data=st.data(), reqs=beam_batches())
+def test_beam_readers(name, oracle, data, reqs):
+    """The same answer or exception as upstream's expression, with a property
+    read as often as upstream reads it."""
     indices = data.draw(selections(reqs))
-    want = _typed(_groups_oracle, reqs, indices)
+    want = _typed(oracle, reqs, indices)
     event(want[0])
     for impl in IMPLS:
         BeamProperty.reads = 0
-        assert _typed(impl.beam_groups_from_reqs, reqs, indices) == want
+        assert _typed(getattr(impl, name), reqs, indices) == want
         reads = BeamProperty.reads
         BeamProperty.reads = 0
-        _typed(_groups_oracle, reqs, indices)
+        _typed(oracle, reqs, indices)
         assert reads == BeamProperty.reads
 
 

@@ -208,15 +208,22 @@ cdef int _beam_add(Job *job, object value) except -1:
     return 0
 
 
+cdef int _beam_group(kv_cache *cache, object req, Py_ssize_t pos, PyObject **group,
+                     int *pure) except -1:
+    """``req.beam_group`` as a new reference in *group; *pure: no Python code ran."""
+    cdef int found = kv_get(cache, <PyObject *>req, KV_BEAM, group, pure)
+    if found < 0:
+        return -1  # as upstream's code: the caller's own exception, unchanged
+    if not found:
+        raise AttributeError(f"reqs[{pos}] has no .beam_group")
+    return 0
+
+
 cdef int _beam_row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
     """``if req.beam_group is not None: total += req.beam_group.num_member_rows``."""
     cdef PyObject *raw = NULL
     cdef int pure = 0
-    cdef int found = kv_get(cache, <PyObject *>req, KV_BEAM, &raw, &pure)
-    if found < 0:
-        return -1  # as upstream's expression: the caller's own exception, unchanged
-    if not found:
-        raise AttributeError(f"reqs[{pos}] has no .beam_group")
+    _beam_group(cache, req, pos, &raw, &pure)
     group = <object>raw
     Py_DECREF(group)  # group holds the reference the read returned
     if group is None:
@@ -234,11 +241,7 @@ cdef int _beam_group_row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) 
     """``if req.beam_group is not None: count += 1``."""
     cdef PyObject *raw = NULL
     cdef int pure = 0
-    cdef int found = kv_get(cache, <PyObject *>req, KV_BEAM, &raw, &pure)
-    if found < 0:
-        return -1  # as upstream's loop: the caller's own exception, unchanged
-    if not found:
-        raise AttributeError(f"reqs[{pos}] has no .beam_group")
+    _beam_group(cache, req, pos, &raw, &pure)
     group = <object>raw
     Py_DECREF(group)  # group holds the reference the read returned
     if group is not None:

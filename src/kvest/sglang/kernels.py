@@ -223,9 +223,10 @@ _NESTED_LENGTHS = (("kv", "kv_allocated_len"), ("kv", "kv_committed_len"))
 _ALLOCATED = ("kv", "kv_allocated_len")
 
 
-def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
-                          ) -> Callable[..., Any]:
-    """``for req in owner.reqs: req.kv.kv_allocated_len += d; req.kv.kv_committed_len += d``.
+def _adding_loop(name: str, paths: tuple[tuple[str, ...], ...], fixed: Any
+                 ) -> Callable[..., Any]:
+    """``for req in owner.reqs: req.<path> += delta`` for each path, ``delta``
+    the glue's argument or ``fixed``.
 
     kvest's writer keeps the loop's every semantic (Python's ``+=`` on whatever
     the values are, properties and ``__setattr__`` taken as ``setattr`` takes
@@ -234,7 +235,7 @@ def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     missing."""
     add, spot = _writer("add_to_attrs"), monitor.spot(name)
 
-    def add_lengths_loop(owner: Any, delta: Any) -> None:
+    def adding_loop(owner: Any, delta: Any = fixed) -> None:
         if not _STATE.announced:
             _first_call()
         if add is None:
@@ -242,9 +243,15 @@ def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
             raise Declined
         reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
         spot.kernel += 1
-        add(reqs, _NESTED_LENGTHS, delta)
+        add(reqs, paths, delta)
 
-    return add_lengths_loop
+    return adding_loop
+
+
+def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
+                          ) -> Callable[..., Any]:
+    """``for req in owner.reqs: req.kv.kv_allocated_len += d; req.kv.kv_committed_len += d``."""
+    return _adding_loop(name, _NESTED_LENGTHS, None)
 
 
 def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
@@ -269,22 +276,8 @@ def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
 def make_batch_idx_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                         ) -> Callable[..., Any]:
     """``for req in owner.reqs: req.decode_batch_idx += 1`` (0.5.19 on; before,
-    the same loop also adds 1 to the flat lengths: the pattern's paths), with
-    the semantics of :func:`make_add_lengths_loop`."""
-    add, spot = _writer("add_to_attrs"), monitor.spot(name)
-    paths = pattern.paths
-
-    def batch_idx_loop(owner: Any) -> None:
-        if not _STATE.announced:
-            _first_call()
-        if add is None:
-            spot.fallbacks += 1
-            raise Declined
-        reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
-        spot.kernel += 1
-        add(reqs, paths, 1)
-
-    return batch_idx_loop
+    the same loop also adds 1 to the flat lengths: the pattern's paths)."""
+    return _adding_loop(name, pattern.paths, 1)
 
 
 def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
