@@ -351,5 +351,8 @@ def test_shadow_mode_on_real_requests(monkeypatch):
         assert spots[name]["state"] == "shadow", (name, spots[name])
         assert spots[name]["shadow_calls"] > 0, (name, spots[name])
         assert spots[name]["mismatches"] == 0, (name, spots[name]["first_mismatch"])
-    # Loops that write to requests are never run twice: upstream's, once.
-    assert spots["alloc_for_decode_default"]["state"] == "skipped"
+    # Functions that change the requests or the batch are never run twice:
+    # upstream's, once.
+    for name in ("alloc_for_decode_default", "alloc_for_spec_decode", "prepare_for_decode",
+                 "eagle_prepare_for_decode", "append_beam_tail"):
+        assert spots[name]["state"] == "skipped", (name, spots[name])

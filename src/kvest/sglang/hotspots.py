@@ -189,7 +189,8 @@ def plan(import_modules: bool = True, mode: str = "on") -> Plan:
             continue
         if mode == "shadow" and set(kinds) & kernels.WRITERS:
             entry.state = "skipped"
-            entry.notes.append("writes to requests, so it runs once, upstream's, in shadow mode")
+            entry.notes.append("changes the requests or the batch it is given, so it runs "
+                               "once, upstream's, in shadow mode")
             continue
         entry.state = "left alone"  # unless _plan_one says otherwise
         try:

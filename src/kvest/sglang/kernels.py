@@ -331,9 +331,11 @@ GLUE: dict[str, tuple[Callable[..., Any], tuple[str, ...], str | None]] = {
 # The global names a glue takes after its inputs, where not every global its
 # statement reads (the loop's body past the point the kernel proves it stops).
 READS: dict[str, tuple[str, ...]] = {"beam_tail_loop": ("enumerate",)}
-# Hot spots whose patterns write to requests: never run twice (shadow mode
-# leaves them to upstream).
-WRITERS = frozenset({"add_lengths_loop", "max_allocated_loop", "batch_idx_loop"})
+# Hot spots whose functions change what they are given (the requests; the
+# batch, which append_beam_tail extends when a request is in a beam group):
+# never run twice, so shadow mode leaves them to upstream.
+WRITERS = frozenset({"add_lengths_loop", "max_allocated_loop", "batch_idx_loop",
+                     "beam_tail_loop"})
 
 
 # ------------------------------------------------------------------ whole functions
