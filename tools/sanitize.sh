@@ -31,6 +31,16 @@ export LD_PRELOAD
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export KVEST_REQUIRE_COMPILED=1 PYTHONMALLOC=malloc
+# The instrumented build, not a kvest installed in the environment: the src/
+# layout keeps the tree off sys.path, so without this pytest would import the
+# installed (uninstrumented) kvest -- as it did until this line was added.
+export PYTHONPATH="$work/src${PYTHONPATH:+:$PYTHONPATH}"
+python - "$work/src/kvest/" <<'PY'
+import sys, kvest, kvest._kernels, kvest._reqs, kvest._writes
+for module in (kvest, kvest._kernels, kvest._reqs, kvest._writes):
+    assert module.__file__.startswith(sys.argv[1]), f"{module.__name__} from {module.__file__}"
+print("sanitizers: testing the instrumented build in", sys.argv[1])
+PY
 # tests/test_hostile.py runs its crash-prone cases in subprocesses: they inherit
 # the preloaded runtimes and import this instrumented build.
 python -m pytest -q -p no:cacheprovider \
