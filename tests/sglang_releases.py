@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import kvest.sglang
+from kvest._env import flag
 from kvest.sglang.upstream import SourceTree, installed, wheel
 
 
@@ -54,3 +55,12 @@ def check_required(trees: list[SourceTree]) -> None:
     missing = [v for v in required.split(",") if v.strip() and v.strip() not in have]
     if missing:
         raise RuntimeError(f"KVEST_REQUIRE_SGLANG lists {missing}, not available here")
+
+
+def real_sglang_missing(exc: Exception) -> str:
+    """The real scheduler modules did not import: fail where CI asked for them
+    (``KVEST_REQUIRE_REAL_SGLANG=1``), else the reason the caller skips with."""
+    if flag("KVEST_REQUIRE_REAL_SGLANG"):
+        raise RuntimeError(f"KVEST_REQUIRE_REAL_SGLANG is set but sglang does not import: {exc}"
+                           ) from exc
+    return f"the real sglang scheduler modules do not import here ({exc})"

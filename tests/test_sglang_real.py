@@ -23,11 +23,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_releases import fallbacks
+from sglang_releases import fallbacks, real_sglang_missing
 from sglang_standins import Unpatched
 
 import kvest.sglang
-from kvest._env import flag
 
 try:
     import sglang
@@ -37,11 +36,7 @@ try:
     import sglang.srt.utils.common as common
     import torch
 except Exception as exc:  # not a real SGLang environment
-    if flag("KVEST_REQUIRE_REAL_SGLANG"):
-        raise RuntimeError(f"KVEST_REQUIRE_REAL_SGLANG is set but sglang does not import: {exc}"
-                           ) from exc
-    pytest.skip(f"the real sglang scheduler modules do not import here ({exc})",
-                allow_module_level=True)
+    pytest.skip(real_sglang_missing(exc), allow_module_level=True)
 
 import sglang.srt.mem_cache.allocator.paged as paged
 from sglang.srt.plugins import load_plugins

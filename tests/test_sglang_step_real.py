@@ -25,19 +25,14 @@ import subprocess
 import sys
 
 import pytest
-
-from kvest._env import flag
+from sglang_releases import real_sglang_missing
 
 try:
     import sglang.srt.managers.schedule_batch
     import sglang.srt.mem_cache.allocator.paged  # noqa: F401
     import torch  # noqa: F401
 except Exception as exc:  # not a real SGLang environment
-    if flag("KVEST_REQUIRE_REAL_SGLANG"):
-        raise RuntimeError(f"KVEST_REQUIRE_REAL_SGLANG is set but sglang does not import: {exc}"
-                           ) from exc
-    pytest.skip(f"the real sglang scheduler modules do not import here ({exc})",
-                allow_module_level=True)
+    pytest.skip(real_sglang_missing(exc), allow_module_level=True)
 
 from kvest._bench.sglang_world import LOOP_CASES
 
