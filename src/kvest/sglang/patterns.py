@@ -57,11 +57,12 @@ def _for_updating(attr: str) -> Callable[[ast.stmt], bool]:
     ``attr`` among them (so that an edit of one, ``+= 2``, is still a candidate
     that kvest reports)."""
     def select(stmt: ast.stmt) -> bool:
-        return isinstance(stmt, ast.For) and all(
-            isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Attribute)
-            for node in stmt.body) and any(
-            isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Attribute)
-            and node.target.attr == attr for node in stmt.body)
+        if not isinstance(stmt, ast.For):
+            return False
+        targets = [node.target for node in stmt.body if isinstance(node, ast.AugAssign)]
+        return (len(targets) == len(stmt.body)
+                and all(isinstance(t, ast.Attribute) for t in targets)
+                and any(isinstance(t, ast.Attribute) and t.attr == attr for t in targets))
     return select
 
 
