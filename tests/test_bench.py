@@ -76,6 +76,21 @@ def test_sglang_headline_and_targets():
     assert "→" in sglang_step.table(rows)
 
 
+def test_sglang_bound_beside_the_steps():
+    """The bound (kvest with its kernels made free) gets its own table and is
+    named beside the step targets, never in place of kvest's figure."""
+    rows = [StepRow(name, n, 1e-6 * n, 1e-7 * n,
+                    5e-8 * n if name in sglang_step.BOUND_STEPS and n == 1024 else None)
+            for name in sglang_step.HOT_SPOTS for n in sglang_step.QUICK_SIZES]
+    bound = sglang_step.bound_table(rows)
+    assert len(bound.splitlines()) == 2 + len(sglang_step.BOUND_STEPS)
+    assert "20.0×" in bound and "10.0×" in bound
+    assert bound in sglang_step.table(rows)
+    judged = dict((label, measured) for label, measured, _ in sglang_step.targets(rows))
+    assert judged["step, EAGLE at n=1,024: ≥ 10×"] == "10.0× (bound 20.0×)"
+    assert "bound" not in sglang_step.table(_step_rows())
+
+
 def test_one_colour_per_implementation():
     for name in arrays.COLUMNS:
         base = name.partition(":")[0]

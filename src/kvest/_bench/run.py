@@ -56,8 +56,9 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
                    "against the release's loop):", verdicts(judged, True))]
     if steps:
         version = sglang_step.upstream().version
-        title = (f"The decode step as the scheduler runs it, real sglang {version}: two "
-                 "processes after load_plugins() (one with KVEST_SGLANG=0), real `Req`, "
+        title = (f"The decode step as the scheduler runs it, real sglang {version}: "
+                 f"{sglang_step.PAIRS} pairs of processes after load_plugins() (one of each "
+                 "with KVEST_SGLANG=0), real `Req`, "
                  "`ScheduleBatch`, `ReqToTokenPool` and `PagedTokenToKVPoolAllocator` on CPU, "
                  f"the slot search answered at once, page size {sglang_step.PAGE_SIZE}, "
                  "EAGLE (3, 1, 4): upstream → kvest (speedup):")

@@ -18,7 +18,6 @@ original runs.
 from __future__ import annotations
 
 import builtins
-import inspect
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -39,20 +38,6 @@ _INDEX_SEQUENCES = (list, tuple, np.ndarray)
 _itemgetter = operator.itemgetter
 _INT_LIMITS = {np.dtype(np.int64): 2**63 - 1, np.dtype(np.int32): 2**31 - 1}
 
-
-def _strict() -> dict[str, bool]:
-    """Ask the request kernels to refuse any length that is not exactly an
-    ``int`` (SGLang's arithmetic on other types may differ), where they can."""
-    try:
-        parameters = inspect.signature(kvest.decode_new_tokens_from_reqs).parameters
-    except (TypeError, ValueError):
-        return {}
-    return {"exact_ints": True} if "exact_ints" in parameters else {}
-
-
-STRICT = _strict()
-
-
 _STATE = monitor.STATE
 
 
@@ -64,7 +49,7 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
                       ) -> Callable[..., Any]:
     """``n = sum(1 for r in requests if <C> % page_size == 0)``: pages, not tokens."""
     kernel, spot = kvest.decode_new_tokens_from_reqs, monitor.spot(name)
-    options = {"layout": pattern.layout, **STRICT}
+    layout = pattern.layout
 
     def decode_count(requests: Any, page_size: Any, sum_: Any) -> int:
         if not _STATE.announced:
@@ -72,7 +57,7 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
         if sum_ is _SUM and type(requests) in _SEQUENCES and type(page_size) is int \
                 and page_size >= 1:
             try:
-                tokens = kernel(requests, page_size, **options)
+                tokens = kernel(requests, page_size, layout=layout, exact_ints=True)
             except Exception:
                 pass
             else:
@@ -133,8 +118,7 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
     """``for r in requests: total += ceil_align(max(A, C + R), p) - ceil_align(A, p)``
     (as upstream spells it), R being ``reserve_factor`` times the reserve read."""
     kernel, spot = kvest.spec_v2_new_tokens_from_reqs, monitor.spot(name)
-    factor = pattern.reserve_factor
-    options = {"layout": pattern.layout, **STRICT}
+    factor, layout = pattern.reserve_factor, pattern.layout
     ceil_align, ceil_div = checked["ceil_align"], checked["ceil_div"]
     home = ceil_align.__globals__
 
@@ -147,7 +131,8 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
                 and type(page_size) is int and page_size >= 1 and type(reserve) is int
                 and reserve >= 0):
             try:
-                tokens = kernel(requests, page_size, factor * reserve, **options)
+                tokens = kernel(requests, page_size, factor * reserve, layout=layout,
+                                exact_ints=True)
             except Exception:
                 pass
             else:
@@ -168,7 +153,7 @@ def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Call
             _first_call()
         if sum_ is _SUM and type(reqs) in _SEQUENCES:
             try:
-                rows = kernel(reqs, **STRICT)
+                rows = kernel(reqs, exact_ints=True)
             except Exception:
                 pass
             else:
@@ -186,7 +171,7 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     and adding ``nxt - cur`` to a total: the plan kernel, then the two lists
     written whole (only once every value is known)."""
     kernel, spot = kvest.decode_alloc_plan_from_reqs, monitor.spot(name)
-    options = {"page_aligned": True, "layout": pattern.layout, **STRICT}
+    layout = pattern.layout
 
     def alloc_lens_loop(reqs: Any, reserve: Any, page_size: Any, cur: Any, nxt: Any,
                         total: Any, enumerate_: Any, max_: Any) -> int:
@@ -198,7 +183,8 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                 and type(page_size) is int and page_size >= 1 and type(reserve) is int
                 and reserve >= 0):
             try:
-                plan = kernel(reqs, page_size, reserve, **options)
+                plan = kernel(reqs, page_size, reserve, page_aligned=True, layout=layout,
+                              exact_ints=True)
             except Exception:
                 pass
             else:
@@ -406,7 +392,7 @@ def make_alloc_lens_int32(original: Callable[..., Any], layout: str | None, name
                 and type(page_size) is int and page_size >= 1:
             try:
                 result = plan(reqs, page_size, reserve, page_aligned=True, dtype=int32,
-                              layout=layout, **STRICT)
+                              layout=layout, exact_ints=True)
             except Exception:
                 pass
             else:
