@@ -523,6 +523,86 @@ def test_max_keeps_python_identity(impl, start, values):
         assert reqs[i].x is before[i]
 
 
+# ------------------------------------------------- ints changed in place
+# The compiled writer may add to an int object itself when nothing but its
+# holder (a slot, or an instance-dict entry) refers to it, as a `+=` leaves
+# it; CPython's `+=` would free it and make a new one.  Nothing may tell.
+
+@dataclasses.dataclass(slots=True)
+class _KV:
+    x: int
+
+
+class _Holder:
+    def __init__(self, kv: _KV, y: int) -> None:
+        self.kv, self.y = kv, y
+
+
+def _fresh(x: int) -> int:
+    """x as an int object nothing else refers to (``int(str(x))`` makes a new one)."""
+    return int(str(x))
+
+
+def _holders(start: list[int], held: list[bool]) -> tuple[list[_Holder], list[int]]:
+    """Holders of fresh ints; where held[i], a list refers to both of them too."""
+    reqs, names = [], []
+    for i, x in enumerate(start):
+        kv, y = _KV(_fresh(x)), _fresh(x)
+        if i < len(held) and held[i]:
+            names += [kv.x, y]
+        reqs.append(_Holder(kv, y))
+    return reqs, names
+
+
+EDGE_DIGIT = [0, 1, 255, 256, 257, 258, 2**30 - 2, 2**30 - 1, 2**30, 2**31, -257, -1]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@given(start=st.lists(st.sampled_from(EDGE_DIGIT) | st.integers(-(2**32), 2**32), max_size=6),
+       held=st.lists(st.booleans(), max_size=6),
+       delta=st.sampled_from([1, -1, 2, -2, 256, -300, 2**30, -(2**30), 0])
+       | st.integers(-(2**32), 2**32))
+def test_add_in_place_only_where_nothing_can_tell(impl, start, held, delta):
+    """Python's values on both routes (a slot, an instance dict) and across
+    the small-int and one-digit edges; every int something else refers to
+    keeps its value."""
+    reqs, names = _holders(start, held)
+    before = [int(str(v)) for v in names]
+    impl.add_to_attrs(reqs, ("kv.x", "y"), delta)
+    got = [(type(r.kv.x), r.kv.x, type(r.y), r.y) for r in reqs]
+    assert got == [(int, x + delta, int, x + delta) for x in start]
+    assert names == before
+
+
+@pytest.mark.skipif(kvest.IMPLEMENTATION != "cython", reason="the compiled writer's shortcut")
+@pytest.mark.parametrize("route", ["kv.x", "y"])
+def test_add_in_place_is_taken(route):
+    """The shortcut is really taken where it may be (the object keeps its
+    address: a new int is made while the old one still lives, so it cannot
+    reuse it), and not for a shared int, nor past one digit or below 257.
+    An instance-dict entry is changed in place only at a position learned
+    before, and only before Python 3.12 (whose dicts C code may watch)."""
+    owner = "kv" if route == "kv.x" else None
+    taken = owner is not None or sys.version_info < (3, 12)
+
+    def place(r: _Holder) -> int:
+        return id(r.kv.x if owner else r.y)
+
+    kvest.add_to_attrs([_Holder(_KV(0), 0)], route, 0)  # where y sits: learned
+    reqs, _ = _holders([1000, 2**30 - 1, 257, 300], [])
+    ids = [place(r) for r in reqs]
+    kvest.add_to_attrs(reqs, route, 1)
+    assert [place(r) == i for r, i in zip(reqs, ids, strict=True)] == [
+        taken, False, taken, taken]
+    kvest.add_to_attrs(reqs, route, -44)
+    assert [place(r) == i for r, i in zip(reqs, ids, strict=True)] == [
+        taken, False, False, taken]
+    shared = _fresh(5000)
+    reqs = [_Holder(_KV(shared), shared)]
+    kvest.add_to_attrs(reqs, route, 1)
+    assert shared == 5000 and (reqs[0].kv.x, reqs[0].y) == ((5001, 5000) if owner else (5000, 5001))
+
+
 # ------------------------------------------------- routes that change under us
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)

@@ -182,6 +182,12 @@ def context(algorithm: str | None, page_size: int) -> Any:
                                                    attention_backend="torch_native", **spec)
 
 
+def _own(x: int) -> int:
+    """An int equal to x that nothing else refers to (ints below 257 are shared
+    in CPython whatever makes them)."""
+    return int(str(x))
+
+
 class World:
     """n real requests decoding in one real ``ScheduleBatch`` over a real pool."""
 
@@ -242,8 +248,11 @@ class World:
 
     def restore(self) -> None:
         per_req, seq, seq_cpu, orig, free = self._saved
+        # Each request gets int objects of its own, as a real step leaves them
+        # (its `+=` made them; nothing else refers to them), not the saved ones.
         for r, (c, a, d) in zip(self.reqs, per_req, strict=True):
-            r.kv.kv_committed_len, r.kv.kv_allocated_len, r.decode_batch_idx = c, a, d
+            r.kv.kv_committed_len, r.kv.kv_allocated_len, r.decode_batch_idx = (
+                _own(c), _own(a), _own(d))
         b = self.batch
         b.seq_lens, b.seq_lens_cpu, b.orig_seq_lens = seq, seq_cpu, orig
         self.allocator.free_pages = free  # slicing made new tensors: the saved one is intact
