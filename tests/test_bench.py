@@ -91,6 +91,13 @@ def test_sglang_bound_beside_the_steps():
     assert "bound" not in sglang_step.table(_step_rows())
 
 
+def test_times_read_in_the_unit_their_rounding_reaches():
+    from kvest._bench.tables import fmt_time
+
+    assert [fmt_time(t) for t in (999.6e-6, 999.4e-6, 1.234e-6, 5.5e-9, 2.0, None)] == [
+        "1 ms", "999 µs", "1.23 µs", "5.5 ns", "2 s", "–"]
+
+
 def test_one_colour_per_implementation():
     for name in arrays.COLUMNS:
         base = name.partition(":")[0]
