@@ -478,14 +478,17 @@ def run_section(sizes: list[int], samples: int, target: float,
     first; then the line events."""
     rows = StepRows()
     wanted = names or HOT_SPOTS
-    bound = any(n in BOUND_SIZES for n in sizes) and any(s in BOUND_STEPS for s in wanted)
-    with Pairs(sides=(*SIDES, FREE) if bound else SIDES) as pairs:
+
+    def timed(name: str, n: int) -> tuple[str, ...]:
+        return (*SIDES, FREE) if name in BOUND_STEPS and n in BOUND_SIZES else SIDES
+
+    sides = max((timed(name, n) for n in sizes for name in wanted), key=len)
+    with Pairs(sides=sides) as pairs:
         rows.status = pairs.status
         for n in sizes:
             for name in wanted:
                 pairs.check(name, n)
-                timed = (*SIDES, FREE) if name in BOUND_STEPS and n in BOUND_SIZES else SIDES
-                t = pairs.measure(name, n, samples, target, timed)
+                t = pairs.measure(name, n, samples, target, timed(name, n))
                 rows.append(StepRow(name, n, t["upstream"], t["kvest"], t.get(FREE)))
                 if progress:
                     progress(f"sglang {name} n={n}")

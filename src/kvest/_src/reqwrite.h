@@ -55,9 +55,12 @@
 #include <longintrepr.h> /* PyLongObject's digits, for kw_bump */
 #endif
 
-/* kw_bump on unless a build asks otherwise (the benchmarks' comparison). */
-#ifndef KVEST_NO_BUMP_IN_PLACE
-#define KVEST_BUMP_IN_PLACE 1
+/* kw_bump: on unless a build asks otherwise (the benchmarks' comparison),
+ * and never without a GIL (a reference count alone proves nothing there). */
+#if !defined(KVEST_NO_BUMP_IN_PLACE) && !defined(Py_GIL_DISABLED)
+#define KW_BUMP 1
+#else
+#define KW_BUMP 0
 #endif
 
 #ifdef Py_RELATIVE_OFFSET
@@ -211,6 +214,17 @@ static inline void kw_route(kw_step *s, PyTypeObject *t)
         kw_resolve(s, t);
 }
 
+/* dict's value for s->name when it sits at s's hint (borrowed), else NULL.
+ * Keys are unique: the name found at the hint is the dict's entry for it.
+ * PyDict_Next reads without running any code. */
+static inline PyObject *kw_at_hint(const kw_step *s, PyObject *dict)
+{
+    PyObject *key, *v;
+    Py_ssize_t pos = s->hint;
+    if (pos >= 0 && PyDict_Next(dict, &pos, &key, &v) && key == s->name) return v;
+    return NULL;
+}
+
 /* getattr(obj, s->name): a new reference, or NULL with the exception set.
  * *pure is cleared unless the read ran no Python code at all (a slot, or
  * the dict entry found at the hint), so that reading it again would give the
@@ -225,12 +239,8 @@ static inline PyObject *kw_get(kw_step *s, PyObject *obj, int *pure)
     } else if (s->get == KW_DICT) {
         PyObject **dictptr = _PyObject_GetDictPtr(obj);
         if (dictptr != NULL && *dictptr != NULL) {
-            PyObject *dict = *dictptr, *key, *v;
-            Py_ssize_t pos = s->hint;
-            /* Keys are unique: the name found at the hint is the dict's entry
-             * for it.  PyDict_Next reads without running any code. */
-            if (pos >= 0 && PyDict_Next(dict, &pos, &key, &v) && key == s->name)
-                return Py_NewRef(v);
+            PyObject *dict = *dictptr, *v = kw_at_hint(s, dict);
+            if (v != NULL) return Py_NewRef(v);
             *pure = 0;
             /* The probe can run a colliding key's __eq__: hold the dict. */
             Py_INCREF(dict);
@@ -330,11 +340,10 @@ static inline PyObject *kw_iadd(PyObject *v, const kw_delta *dl, int *pure)
  * only its holder refers to (one reference, so no name, container or cache
  * can see it change; CPython's own `+=` would free it and make a new int,
  * maybe at the same address), old and new value are one digit each and
- * above the shared small ints.  1 when done, 0 when `+=` must make a new int.
- * Not without a GIL (a reference count alone proves nothing there). */
+ * above the shared small ints.  1 when done, 0 when `+=` must make a new int. */
 static inline int kw_bump(PyObject *v, long long d)
 {
-#if defined(Py_GIL_DISABLED) || !defined(KVEST_BUMP_IN_PLACE)
+#if !KW_BUMP
     (void)v;
     (void)d;
     return 0;
@@ -365,7 +374,7 @@ static inline int kw_bump(PyObject *v, long long d)
  * the hint): 1 when done, 0 when the statement must run its general way. */
 static inline int kw_add_in_place(kw_step *s, PyObject *obj, const kw_delta *dl)
 {
-#if defined(Py_GIL_DISABLED) || !defined(KVEST_BUMP_IN_PLACE)
+#if !KW_BUMP
     (void)s;
     (void)obj;
     (void)dl;
@@ -382,10 +391,8 @@ static inline int kw_add_in_place(kw_step *s, PyObject *obj, const kw_delta *dl)
      * object is changed in place is the dict unchanged. */
     if (s->get == KW_DICT && s->set == KW_DICT && s->hint >= 0) {
         PyObject **dictptr = _PyObject_GetDictPtr(obj);
-        PyObject *key, *v;
-        Py_ssize_t pos = s->hint;
-        return dictptr != NULL && *dictptr != NULL && PyDict_Next(*dictptr, &pos, &key, &v)
-               && key == s->name && kw_bump(v, dl->d);
+        PyObject *v = dictptr != NULL && *dictptr != NULL ? kw_at_hint(s, *dictptr) : NULL;
+        return v != NULL && kw_bump(v, dl->d);
     }
 #endif
     return 0;
