@@ -22,7 +22,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF, Py_XINCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport INT32_MAX, INT64_MAX, INT64_MIN, int32_t, int64_t, uint64_t
 
@@ -93,6 +93,20 @@ cdef extern from "reqattr.h":
     void kv_req_forget(kv_req_state *st)
     int kv_req_length(kv_cache *c, PyObject *req, int which, int at, kv_req_state *st,
                       int64_t *length, PyObject **value)
+    PyObject *kv_get_pure(kv_cache *c, PyObject *obj, int which)
+    bint kv_req_length_pure(kv_cache *c, PyObject *req, int which, int at, PyObject **kv,
+                            PyObject ***dictslot, int64_t *length)
+
+
+cdef extern from "addrorder.h":
+    enum:
+        KV_ADDRESS_ORDER
+    bint kv_ascending(PyObject **items, Py_ssize_t m)
+    int kv_address_order(PyObject **items, Py_ssize_t m, PyObject **out)
+
+
+cdef extern from "Python.h":
+    PyObject **PySequence_Fast_ITEMS(object o)
 
 
 # Interned: the per-type lookups and dict probes compare these by identity first.
@@ -249,9 +263,29 @@ cdef int _beam_group_row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) 
     return 0
 
 
+cdef inline void _decode_add(Job *job, int64_t c) noexcept:
+    """The decode count's row: whether C sits on a page boundary."""
+    if job.fast and <uint64_t>c < KV_FAST_LIMIT:
+        job.count += kv_mod_row_fast(c, &job.d, 0)
+    else:
+        job.count += kv_mod_row(c, job.p, 0)
+
+
+cdef inline bint _spec_v2_add(Job *job, int64_t c, int64_t a) noexcept:
+    """The spec-v2 estimate's row added to the total: whether it overflowed."""
+    cdef int64_t tokens = 0
+    if job.fast and <uint64_t>(c | a) < KV_FAST_LIMIT:
+        tokens = <int64_t>kv_spec_v2_row_fast(c, a, job.r, &job.d) * job.p
+    elif kv_spec_v2_row(c, a, job.p, job.r, &tokens):
+        return True
+    # Checked on both paths: a huge earlier row can bring the total near the
+    # int64 limit, and a small row can then push it over.
+    return kv_add_total(&job.tokens, tokens) != 0
+
+
 cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
     cdef kv_req_state st
-    cdef int64_t c, a, tokens = 0, nxt
+    cdef int64_t c, a, nxt
     cdef uint64_t nxt_fast, pages
     if job.kind == BEAM:
         return _beam_row(job, cache, req, pos)
@@ -261,22 +295,13 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
     c = _length(cache, req, pos, KV_COMMITTED, job.at_committed, &st, job.exact)
     if job.kind == DECODE:
         kv_req_forget(&st)
-        if job.fast and <uint64_t>c < KV_FAST_LIMIT:
-            job.count += kv_mod_row_fast(c, &job.d, 0)
-        else:
-            job.count += kv_mod_row(c, job.p, 0)
+        _decode_add(job, c)
         return 0
     a = _length(cache, req, pos, KV_ALLOCATED, job.at_allocated, &st, job.exact)
     kv_req_forget(&st)
     cdef bint fast_row = job.fast and <uint64_t>(c | a) < KV_FAST_LIMIT
     if job.kind == SPEC_V2:
-        if fast_row:
-            tokens = <int64_t>kv_spec_v2_row_fast(c, a, job.r, &job.d) * job.p
-        elif kv_spec_v2_row(c, a, job.p, job.r, &tokens):
-            return _overflow(job, pos, c, a)
-        # Checked on both paths: a huge earlier row can bring the total near
-        # the int64 limit, and a small row can then push it over.
-        if kv_add_total(&job.tokens, tokens):
+        if _spec_v2_add(job, c, a):
             return _overflow(job, pos, c, a)
         return 0
     if fast_row:
@@ -305,6 +330,113 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
     job.pages += pages  # pages <= tokens: cannot overflow
     job.row += 1
     return 0
+
+
+# ------------------------------------------------------- in address order
+
+# From how many requests a walk goes in address order, and how many walks did
+# and gave up (for the tests: kvest._reqs._address_order).  Module state, but
+# only the GIL build (KV_ADDRESS_ORDER) touches it, and only under the GIL.
+cdef Py_ssize_t _order_min = 256
+cdef Py_ssize_t _order_walks = 0, _order_gave_up = 0
+
+
+def _address_order(min_requests=None):
+    """``(walks in address order, walks that gave up and went in order, the
+    least batch that tries)``; ``min_requests`` sets that least batch
+    (tests use it to reach the reordered walk with small batches)."""
+    global _order_min
+    if min_requests is not None:
+        _order_min = max(<Py_ssize_t>min_requests, 2)
+    return _order_walks, _order_gave_up, _order_min
+
+
+cdef bint _row_pure(Job *job, kv_cache *cache, PyObject *req) noexcept:
+    """:func:`_row` for one request where that runs no Python code, raises
+    nothing and needs no Python arithmetic; whether it could (else nothing
+    but job may have changed)."""
+    cdef PyObject *kv = NULL
+    cdef PyObject **dictslot = NULL
+    cdef PyObject *group
+    cdef int64_t c, a
+    cdef bint ok
+    if job.kind == BEAM or job.kind == BEAM_GROUPS:
+        group = kv_get_pure(cache, req, KV_BEAM)
+        if group == NULL or (group != <PyObject *>None and job.kind == BEAM):
+            return False  # a group's rows are a Python attribute read and sum
+        job.count += group != <PyObject *>None
+        return True
+    ok = kv_req_length_pure(cache, req, KV_COMMITTED, job.at_committed, &kv, &dictslot, &c)
+    if ok and job.kind == DECODE:
+        _decode_add(job, c)
+    elif ok:
+        ok = (kv_req_length_pure(cache, req, KV_ALLOCATED, job.at_allocated, &kv, &dictslot, &a)
+              and not _spec_v2_add(job, c, a))
+    Py_XDECREF(kv)
+    return ok
+
+
+cdef bint _by_address(Job *job, PyObject **items, Py_ssize_t m) noexcept:
+    """The walk over items (borrowed; no Python code has run since they were
+    read) in address order (addrorder.h says why), where the answer cannot
+    tell the order: a count or an int64 sum (not the plan's rows), read only
+    as :func:`_row_pure` can.  Whether it did: job then holds the answer.
+    Else (a batch already in order or too small, a request the pure read
+    cannot take, an overflow) job is as it was, nothing else has changed, and
+    the caller walks in order -- and raises, or calls Python, as it does."""
+    global _order_walks, _order_gave_up
+    cdef Job trial
+    cdef kv_cache cache
+    cdef Py_ssize_t j
+    cdef PyObject **order
+    cdef bint done = True
+    if (not KV_ADDRESS_ORDER or m < _order_min or job.kind == PLAN
+            or kv_ascending(items, m)):
+        return False
+    order = <PyObject **>PyMem_Malloc(m * sizeof(PyObject *))
+    if order == NULL or kv_address_order(items, m, order) < 0:
+        PyMem_Free(order)
+        return False
+    # Held while read: a garbage collection the reads set off (CPython making
+    # an instance's dict real) may run a finalizer that drops them.
+    for j in range(m):
+        Py_XINCREF(order[j])
+    trial = job[0]
+    _cache_init(&cache)
+    for j in range(m):
+        if not _row_pure(&trial, &cache, order[j]):
+            done = False
+            break
+    for j in range(m):
+        Py_XDECREF(order[j])
+    PyMem_Free(order)
+    if done:
+        job[0] = trial
+        _order_walks += 1
+    else:
+        _order_gave_up += 1
+    return done
+
+
+cdef bint _rows_by_address(Job *job, object reqs, const int64_t *rows, Py_ssize_t m,
+                           bint is_list) noexcept:
+    """:func:`_by_address` over the selected rows of a list or tuple."""
+    cdef Py_ssize_t j, n = PyList_GET_SIZE(reqs) if is_list else PyTuple_GET_SIZE(reqs)
+    cdef PyObject **items
+    cdef bint done
+    if not KV_ADDRESS_ORDER or m < _order_min or job.kind == PLAN:
+        return False
+    items = <PyObject **>PyMem_Malloc(m * sizeof(PyObject *))
+    if items == NULL:
+        return False
+    for j in range(m):
+        if not 0 <= rows[j] < n:
+            PyMem_Free(items)
+            return False  # the walk in order says what is wrong
+        items[j] = PySequence_Fast_ITEMS(reqs)[rows[j]]
+    done = _by_address(job, items, m)
+    PyMem_Free(items)
+    return done
 
 
 # ----------------------------------------------------------- the requests
@@ -345,6 +477,10 @@ cdef int64_t *_exact_rows(object indices, Py_ssize_t n, Py_ssize_t *m) except? N
 cdef int _walk_all(Job *job, object reqs) except -1:
     cdef kv_cache cache
     cdef Py_ssize_t pos = 0
+    if type(reqs) is list or type(reqs) is tuple:
+        if _by_address(job, PySequence_Fast_ITEMS(reqs), PyList_GET_SIZE(reqs)
+                       if type(reqs) is list else PyTuple_GET_SIZE(reqs)):
+            return 0
     _cache_init(&cache)
     # Each request is held by a reference of our own while it is read: a
     # property of one request may drop the container's reference to it.
@@ -391,6 +527,8 @@ cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) ex
     cdef kv_cache cache
     cdef Py_ssize_t j, pos
     cdef bint is_list = type(reqs) is list, is_tuple = type(reqs) is tuple
+    if (is_list or is_tuple) and _rows_by_address(job, reqs, rows, m, is_list):
+        return 0
     _cache_init(&cache)
     for j in range(m):
         pos = rows[j]

@@ -195,6 +195,32 @@ static inline kv_layout *kv_layout_for(kv_cache *c, PyTypeObject *t)
     return kv_layout_resolve(c, t);
 }
 
+/* obj.<name> (name: c->names[which]) when reading it runs no Python code and
+ * searches nothing: a slot, or the instance dict's entry at the learned hint.
+ * Returns a borrowed reference, or NULL (nothing set) when the answer needs
+ * more than that: an unset slot without a default, a dict without the name at
+ * the hint, any other kind of lookup.  *dictslot as in kv_read. */
+static inline PyObject *kv_read_pure(kv_cache *c, kv_layout *l, int which, PyObject *obj,
+                                     PyObject ***dictslot)
+{
+    kv_reader *r = &l->read[which];
+    if (r->how == KV_READ_MEMBER) {
+        PyObject *v = *(PyObject **)((char *)obj + r->offset);
+        return v != NULL ? v : (r->none_if_unset ? Py_None : NULL);
+    }
+    if (r->how == KV_READ_DICT && r->hint >= 0) {
+        if (*dictslot == NULL) *dictslot = _PyObject_GetDictPtr(obj);
+        if (*dictslot != NULL && **dictslot != NULL) {
+            PyObject *key, *v;
+            Py_ssize_t pos = r->hint;
+            /* Keys are unique: the name found at the hint is the dict's entry
+             * for it.  PyDict_Next reads without running any code. */
+            if (PyDict_Next(**dictslot, &pos, &key, &v) && key == c->names[which]) return v;
+        }
+    }
+    return NULL;
+}
+
 /* obj.<name> (name: c->names[which]) as generic getattr gives it, read the
  * way l (obj's type's layout) says.  Returns 1 with a new reference in
  * *value, 0 when the attribute is missing (getattr would raise
@@ -207,30 +233,18 @@ static inline int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
                           PyObject **value, PyObject ***dictslot, int *ran)
 {
     kv_reader *r = &l->read[which];
-    PyObject *v, *name = c->names[which];
-    if (r->how == KV_READ_MEMBER) {
-        v = *(PyObject **)((char *)obj + r->offset);
-        if (v == NULL) {
-            if (!r->none_if_unset) return 0;
-            v = Py_None;
-        }
+    PyObject *v = kv_read_pure(c, l, which, obj, dictslot), *name = c->names[which];
+    if (v != NULL) {
         Py_INCREF(v);
         *value = v;
         return 1;
     }
+    if (r->how == KV_READ_MEMBER) return 0; /* an unset slot */
     if (r->how == KV_READ_DICT) {
         if (*dictslot == NULL) *dictslot = _PyObject_GetDictPtr(obj);
         if (*dictslot != NULL) {
-            PyObject *dict = **dictslot, *key;
+            PyObject *dict = **dictslot;
             if (dict == NULL) return 0;
-            Py_ssize_t pos = r->hint;
-            /* Keys are unique: the name found at the hint is the dict's entry
-             * for it.  PyDict_Next reads without running any code. */
-            if (pos >= 0 && PyDict_Next(dict, &pos, &key, &v) && key == name) {
-                Py_INCREF(v);
-                *value = v;
-                return 1;
-            }
             /* The probe can run a colliding key's __eq__: hold the dict. */
             *ran = 1;
             Py_INCREF(dict);
@@ -267,6 +281,13 @@ static inline int kv_get(kv_cache *c, PyObject *obj, int which, PyObject **value
     return found;
 }
 
+/* obj.<c->names[which]> as kv_read_pure gives it (borrowed, or NULL). */
+static inline PyObject *kv_get_pure(kv_cache *c, PyObject *obj, int which)
+{
+    PyObject **dictslot = NULL;
+    return kv_read_pure(c, kv_layout_for(c, Py_TYPE(obj)), which, obj, &dictslot);
+}
+
 /* Where a request's lengths are looked for. */
 enum {
     KV_AT_EITHER = 0, /* req.<name>, else req.kv.<name> (the reference rule) */
@@ -295,6 +316,17 @@ static inline void kv_req_forget(kv_req_state *st)
 
 /* Outcome of reading one length of one request. */
 enum { KV_LEN_ERROR = -1, KV_LEN_MISSING = 0, KV_LEN_OK = 1, KV_LEN_VALUE = 2 };
+
+/* Whether v is an exact int in [0, 2^63), with its value in *length. */
+static inline int kv_exact_length(PyObject *v, int64_t *length)
+{
+    if (!PyLong_CheckExact(v)) return 0;
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow != 0 || x < 0) return 0;
+    *length = (int64_t)x;
+    return 1;
+}
 
 /* req.<which> read where `at` says.  KV_LEN_OK: *length holds it (an exact
  * int in [0, 2^63)).  KV_LEN_VALUE: *value holds a new reference to a value
@@ -338,17 +370,42 @@ static inline int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
         if (found < 0) return KV_LEN_ERROR;
         if (!found) return KV_LEN_MISSING;
     }
-    if (PyLong_CheckExact(v)) {
-        int overflow = 0;
-        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (overflow == 0 && x >= 0) {
-            Py_DECREF(v);
-            *length = (int64_t)x;
-            return KV_LEN_OK;
-        }
+    if (kv_exact_length(v, length)) {
+        Py_DECREF(v);
+        return KV_LEN_OK;
     }
     *value = v;
     return KV_LEN_VALUE;
+}
+
+/* req.<which> read where `at` says, when that runs no Python code (see
+ * kv_read_pure) and the value is an exact int in [0, 2^63): 1 with *length,
+ * else 0 (nothing set, nothing changed but *kv and *dictslot): the caller
+ * reads the request the full way.  KV_AT_EITHER takes req.<which> only:
+ * a miss at the hint does not prove it missing.  *kv: req.kv
+ * (a new reference) once read, for the caller to release after the request;
+ * *dictslot as in kv_read. */
+static inline int kv_req_length_pure(kv_cache *c, PyObject *req, int which, int at,
+                                     PyObject **kv, PyObject ***dictslot, int64_t *length)
+{
+    PyObject *v, **kvslot = NULL;
+    if (at != KV_AT_NESTED) {
+        v = kv_read_pure(c, kv_layout_for(c, Py_TYPE(req)), which, req, dictslot);
+    } else {
+        if (*kv == NULL) {
+            PyObject *nested = kv_read_pure(c, kv_layout_for(c, Py_TYPE(req)), KV_NESTED, req,
+                                            dictslot);
+            if (nested == NULL) return 0;
+            /* Held: making its instance dict real below may collect garbage,
+             * and a finalizer may rebind req.kv. */
+            Py_INCREF(nested);
+            *kv = nested;
+        }
+        v = kv_read_pure(c, kv_layout_for(c, Py_TYPE(*kv)), which, *kv, &kvslot);
+    }
+    if (v == NULL) return 0;
+    /* v is borrowed: nothing runs between its read and this use. */
+    return kv_exact_length(v, length);
 }
 
 #endif
