@@ -21,6 +21,7 @@ import pytest
 from helpers import INT64_MAX, check_same, outcome, page_sizes, reserves
 from hypothesis import event, example, given
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from request_standins import (
     LAYOUT_OF,
     FlatReq,
@@ -38,6 +39,25 @@ IMPLS = [kvest, reference]
 IMPL_IDS = ["kvest", "reference"]
 WHERE = {None: ("either", "either"), "flat": ("flat", "flat"),
          "mixed": ("flat", "nested"), "nested": ("nested", "nested")}
+COMPILED = kvest.IMPLEMENTATION == "cython"
+compiled_only = pytest.mark.skipif(not COMPILED, reason="the compiled kernels' walk order")
+
+
+@pytest.fixture(autouse=True)
+def address_order_from_two():
+    """Batches of two and more that are out of address order take the compiled
+    kernels' reordered walk here (by default only batches of hundreds do)."""
+    if not COMPILED:
+        yield
+        return
+    from kvest import _reqs
+
+    least = _reqs._address_order()[2]
+    _reqs._address_order(2)
+    try:
+        yield
+    finally:
+        _reqs._address_order(least)
 
 
 # ------------------------------------------------------------------ the oracle
@@ -127,7 +147,8 @@ def expect(fn, *args, **kwargs):
 def check(fn, reqs, p, r=0, indices=None, layout=None, page_aligned=True):
     """Both implementations against the oracle and each other."""
     want = expect(fn, reqs, p, r, indices, layout, page_aligned)
-    event(f"{want[0]} {getattr(want[1], '__name__', '')}".strip())
+    if currently_in_test_context():
+        event(f"{want[0]} {getattr(want[1], '__name__', '')}".strip())
     if fn == "spec_v2":
         got = check_same("spec_v2_new_tokens_from_reqs", reqs, p, r, indices, layout=layout)
     elif fn == "decode":
@@ -372,7 +393,10 @@ def requests(draw, kinds=tuple(KINDS), odd=True):
     values = st.one_of(lengths, odd_values) if odd else lengths
     # Odd values rarely, so that most batches get past their first request.
     value = st.integers(0, 39).flatmap(lambda k: values if k == 0 else lengths)
-    return [KINDS[draw(st.sampled_from(chosen))](draw(value), draw(value)) for _ in range(n)]
+    batch = [KINDS[draw(st.sampled_from(chosen))](draw(value), draw(value)) for _ in range(n)]
+    # Often out of address order: the compiled kernels then walk it reordered
+    # (the fixture below lets batches of any size do so).
+    return draw(st.permutations(batch)) if draw(st.booleans()) else batch
 
 
 @st.composite
@@ -838,4 +862,171 @@ def test_no_reference_leaked_or_lost():
         for call in calls:
             outcome(call, (), {})
     gc.collect()
+    assert _refcounts(watched) == before
+
+
+# ------------------------------------------------------- the walk's order
+# A batch out of address order is read in address order (addrorder.h), where
+# that cannot show: only reads that run no code, into a count kept aside until
+# the walk ends.  Anything else gives up and walks in the given order.
+
+def _scattered(make, n, seed=0):
+    """n requests from make(i) spread over megabytes, as a server's are (the
+    radix sort then takes more than one pass), in a shuffled order; and what
+    holds the memory between them."""
+    import random
+
+    reqs, filler = [], []
+    for i in range(n):
+        reqs.append(make(i))
+        filler.append([make(i) for _ in range(40)])
+    random.Random(seed).shuffle(reqs)
+    ids = [id(q) for q in reqs]
+    assert ids != sorted(ids)
+    assert (max(ids) - min(ids)) >> 8 >= 1 << 11, "the batch should need two radix passes"
+    return reqs, filler
+
+
+def _walks():
+    from kvest import _reqs
+
+    return _reqs._address_order()[:2]
+
+
+def _beamless(req):
+    """req, with ``beam_group = None`` where it can hold one and has none."""
+    if hasattr(req, "__dict__") and not hasattr(req, "beam_group"):
+        req.beam_group = None
+    return req
+
+
+ORDERED_KINDS = {
+    "nested-0.5.23": lambda i: _release(NestedReq)(i * 37 % 4099, i * 37 % 4099 + i % 9),
+    "flat-0.5.11": lambda i: _beamless(_release(FlatReq)(i * 11 % 1031, i * 11 % 1031 + i % 3)),
+    "tiny-nested": lambda i: _beamless(_release(TinyNested)(i * 5 % 64, i * 5 % 64 + 2)),
+    "slots": lambda i: _slotted(i % 50, i % 50 + 17),
+    "nested-slots": lambda i: _beamless(_nested_slotted(i % 33, 40)),
+}
+
+
+@compiled_only
+@pytest.mark.parametrize("kind", list(ORDERED_KINDS))
+def test_scattered_batches_are_read_in_address_order(kind):
+    """Whole batches and selections: the oracle's numbers, the reordered walk
+    taken every time (after the first call, which learns where the names sit)."""
+    reqs, _filler = _scattered(ORDERED_KINDS[kind], 700)
+    layout = {"nested-0.5.23": "nested", "tiny-nested": "nested",
+              "nested-slots": "nested"}.get(kind)
+    rows = [*range(len(reqs) - 1, -1, -1), 3, 3, -1]
+    beams = (kvest.beam_groups_from_reqs, kvest.beam_member_rows_from_reqs) \
+        if hasattr(reqs[0], "beam_group") else ()
+    check("decode", reqs, 16, 0, None, layout)  # learns where the names sit
+    for beam in beams:
+        beam(reqs)
+    before = _walks()
+    for indices in (None, rows, tuple(rows), np.array(rows)):
+        check("decode", reqs, 16, 0, indices, layout)
+        check("spec_v2", reqs, 16, 7, indices, layout)
+        for beam in beams:
+            assert beam(reqs, indices) == 0  # beam_group is None: read without code
+    after = _walks()
+    assert (after[0] - before[0], after[1] - before[1]) == (4 * (2 + len(beams)), 0)
+
+
+@compiled_only
+def test_plan_rows_keep_the_given_order():
+    """The plan's rows are positional: never the reordered walk."""
+    reqs, _filler = _scattered(ORDERED_KINDS["nested-0.5.23"], 300)
+    before = _walks()
+    check("plan", reqs, 16, 7, None, "nested")
+    check("plan", reqs, 16, 7, [5, 1, -3], "nested")
+    assert _walks() == before
+
+
+@compiled_only
+@pytest.mark.parametrize("spoiler", ["property", "negative", "np.int64", "missing", "huge",
+                                     "beam group"])
+def test_a_request_the_pure_read_cannot_take_gives_up(spoiler):
+    """One request that needs Python (a property, a value the input rule
+    judges, a missing name, an overflow, a beam group's rows): the walk gives
+    up, and the walk in the given order answers -- the same value, or the same
+    exception naming the same position as the twin's."""
+    reqs, _filler = _scattered(lambda i: _beamless(_release(TinyNested)(i % 40, 40)), 500, seed=1)
+    # The spoilers sit late in the given order and early in address order,
+    # twice, so that an error names the first in the given order.
+    lowest = sorted(range(len(reqs)), key=lambda i: id(reqs[i]))[:40]
+    late = [i for i in lowest if i > len(reqs) // 2][:2]
+    assert len(late) == 2
+    for i in late:
+        if spoiler == "property":
+            reqs[i] = _beamless(WithProperties(i % 40, 40))
+        elif spoiler == "negative":
+            reqs[i].kv.kv_committed_len = -1
+        elif spoiler == "np.int64":
+            reqs[i].kv.kv_committed_len = np.int64(5)
+        elif spoiler == "missing":
+            del reqs[i].kv.kv_committed_len
+        elif spoiler == "huge":
+            reqs[i].kv.kv_committed_len = INT64_MAX
+        else:
+            reqs[i].beam_group = BeamGroup(3)
+    check("decode", reqs, 16, 0, None, "nested")  # learns where the names sit
+    kvest.beam_groups_from_reqs(reqs)
+    before = _walks()
+    check("decode", reqs, 16, 0, None, "nested")
+    check("spec_v2", reqs, 16, 7, None, "nested")
+    rows = check_same("beam_member_rows_from_reqs", reqs)
+    assert rows == ("ok", 6 if spoiler == "beam group" else 0)
+    after = _walks()
+    if spoiler in ("beam group", "huge"):
+        # Only one call needs more: the rows' sum (Python's), the spec-v2
+        # total (an overflow); the decode count takes any int64.
+        assert after[0] - before[0] == 2 and after[1] - before[1] == 1
+    elif spoiler == "property":  # WithProperties is no nested request: read flat
+        assert after[1] > before[1]
+    else:
+        assert after[0] - before[0] == 1 and after[1] - before[1] == 2
+
+
+@compiled_only
+def test_small_or_ordered_batches_keep_the_given_order():
+    from kvest import _reqs
+
+    ordered = [_release(NestedReq)(i, i + 1) for i in range(50)]
+    ordered.sort(key=id)
+    shuffled = ordered[::-1]
+    least = _reqs._address_order()[2]
+    try:
+        before = _walks()
+        kvest.decode_new_tokens_from_reqs(ordered, 16, layout="nested")
+        assert _walks() == before  # already in order
+        _reqs._address_order(51)
+        kvest.decode_new_tokens_from_reqs(shuffled, 16, layout="nested")
+        assert _walks() == before  # too small
+        _reqs._address_order(50)
+        kvest.decode_new_tokens_from_reqs(shuffled, 16, layout="nested")
+        assert _walks()[0] == before[0] + 1
+    finally:
+        _reqs._address_order(least)
+
+
+@compiled_only
+def test_reordered_walks_keep_reference_counts():
+    import gc
+
+    reqs, _filler = _scattered(ORDERED_KINDS["nested-0.5.23"], 400)
+    watched = [*reqs, *(q.kv for q in reqs)]
+    calls = [lambda: kvest.decode_new_tokens_from_reqs(reqs, 16, layout="nested"),
+             lambda: kvest.spec_v2_new_tokens_from_reqs(reqs, 16, 8, layout="nested"),
+             lambda: kvest.beam_groups_from_reqs(reqs, list(range(399, -1, -1)))]
+    for call in calls:  # learns where the names sit
+        call()
+    gc.collect()
+    before = _refcounts(watched)
+    walks = _walks()
+    for _ in range(20):
+        for call in calls:
+            call()
+    gc.collect()
+    assert _walks()[0] == walks[0] + 60
     assert _refcounts(watched) == before

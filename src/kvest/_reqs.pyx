@@ -107,6 +107,8 @@ cdef extern from "addrorder.h":
 
 cdef extern from "Python.h":
     PyObject **PySequence_Fast_ITEMS(object o)
+    int PyGC_Disable()
+    int PyGC_Enable()
 
 
 # Interned: the per-type lookups and dict probes compare these by identity first.
@@ -397,16 +399,21 @@ cdef bint _by_address(Job *job, PyObject **items, Py_ssize_t m) noexcept:
     if order == NULL or kv_address_order(items, m, order) < 0:
         PyMem_Free(order)
         return False
-    # Held while read: a garbage collection the reads set off (CPython making
-    # an instance's dict real) may run a finalizer that drops them.
     for j in range(m):
         Py_XINCREF(order[j])
+    # No collection while the walk reads: making a request's instance dict
+    # real (3.11+) allocates, and a collection could run a finalizer -- Python
+    # code, which could change what the walk has yet to read, in an order the
+    # loop it stands for never reads.  Collections wait until it is done.
+    cdef int collecting = PyGC_Disable()
     trial = job[0]
     _cache_init(&cache)
     for j in range(m):
         if not _row_pure(&trial, &cache, order[j]):
             done = False
             break
+    if collecting:
+        PyGC_Enable()
     for j in range(m):
         Py_XDECREF(order[j])
     PyMem_Free(order)

@@ -22,8 +22,10 @@ each timed from the same state (restored outside the timed region):
   capacity answer "does not fit" until 8 requests are retracted.
 
 Per loop, each replaced hot spot alone, called as its caller calls it: the
-estimates, ``append_beam_tail``, ``alloc_for_decode_default``, ``page_aligned_decode_alloc_lens``
-with its two int32 tensors, ``alloc_for_spec_decode``, ``get_num_new_pages``.
+estimates (the EAGLE one also over all requests selected in a shuffled order,
+as the retract loop selects them), ``append_beam_tail``,
+``alloc_for_decode_default``, ``page_aligned_decode_alloc_lens`` with its two
+int32 tensors, ``alloc_for_spec_decode``, ``get_num_new_pages``.
 
 torch runs one intra-op thread in each worker (:func:`sglang_world.one_thread`).
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -54,8 +57,9 @@ SPEC = dict(speculative_algorithm="EAGLE", speculative_num_steps=3,
             speculative_eagle_topk=1, speculative_num_draft_tokens=4)
 RETRACTIONS = 8
 STEPS = ["step, no spec", "step, EAGLE", f"retract k={RETRACTIONS}"]
-LOOPS = ["estimate no-spec", "estimate spec", "append_beam_tail", "alloc_for_decode_default",
-         "alloc lens + 2 int32 tensors", "alloc_for_spec_decode",
+SHUFFLED = "estimate spec, shuffled selection"
+LOOPS = ["estimate no-spec", "estimate spec", SHUFFLED, "append_beam_tail",
+         "alloc_for_decode_default", "alloc lens + 2 int32 tensors", "alloc_for_spec_decode",
          "get_num_new_pages decode", "get_num_new_pages extend"]
 HOT_SPOTS = STEPS + LOOPS
 LINE_SIZES = (64, 512)
@@ -120,7 +124,7 @@ class Cells:
             self.override.restore()
         self.key = (name, n)
         _FREE_ANSWERS.clear()
-        spec = name in ("step, EAGLE", f"retract k={RETRACTIONS}", "estimate spec",
+        spec = name in ("step, EAGLE", f"retract k={RETRACTIONS}", "estimate spec", SHUFFLED,
                         "alloc lens + 2 int32 tensors", "alloc_for_spec_decode",
                         "get_num_new_pages extend")
         algorithm = "EAGLE" if spec else None
@@ -146,6 +150,12 @@ class Cells:
         self.outcome = lambda result: [_plain(result), world.state()]
         if name in ("step, no spec", "step, EAGLE"):
             self.call = world.step
+        elif name == SHUFFLED:
+            # As the retract loop asks (check_decode_mem(selected_indices)): its
+            # indices come in retraction order, as good as shuffled.
+            picked = list(range(n))
+            random.Random(n).shuffle(picked)
+            self.call = lambda: batch.new_tokens_required_next_decode(picked)
         elif name.startswith("estimate"):
             self.call = lambda: batch.new_tokens_required_next_decode()  # looked up per call
         elif name == "append_beam_tail":
