@@ -53,3 +53,7 @@ def beam_groups_from_reqs(reqs: Iterable[Any] | Sequence[Any], indices: Any = No
 def beam_member_rows_from_reqs(
     reqs: Iterable[Any] | Sequence[Any], indices: Any = None, *, exact_ints: bool = False
 ) -> Any: ...
+
+# Private, for the tests: (walks in address order, walks that gave up, the least
+# batch that tries); `min_requests` sets that least batch.
+def _address_order(min_requests: int | None = None) -> tuple[int, int, int]: ...
