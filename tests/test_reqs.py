@@ -921,6 +921,7 @@ def test_scattered_batches_are_read_in_address_order(kind):
     beams = (kvest.beam_groups_from_reqs, kvest.beam_member_rows_from_reqs) \
         if hasattr(reqs[0], "beam_group") else ()
     check("decode", reqs, 16, 0, None, layout)  # learns where the names sit
+    check("spec_v2", reqs, 16, 7, None, layout)
     for beam in beams:
         beam(reqs)
     before = _walks()
@@ -989,21 +990,25 @@ def test_a_request_the_pure_read_cannot_take_gives_up(spoiler):
 
 
 @compiled_only
-def test_small_or_ordered_batches_keep_the_given_order():
+def test_small_or_near_batches_keep_the_given_order():
+    """A batch whose requests mostly follow one another in memory, even going
+    back a little (here: reversed), is walked as given; so is one below the
+    least size.  A shuffled, spread batch of that size is reordered."""
     from kvest import _reqs
 
-    ordered = [_release(NestedReq)(i, i + 1) for i in range(50)]
-    ordered.sort(key=id)
-    shuffled = ordered[::-1]
+    shuffled, _filler = _scattered(ORDERED_KINDS["nested-0.5.23"], 60)
+    made_together = [_release(NestedReq)(i, i + 1) for i in range(60)]
     least = _reqs._address_order()[2]
     try:
+        kvest.decode_new_tokens_from_reqs(shuffled, 16, layout="nested")  # the hints
         before = _walks()
-        kvest.decode_new_tokens_from_reqs(ordered, 16, layout="nested")
-        assert _walks() == before  # already in order
-        _reqs._address_order(51)
+        kvest.decode_new_tokens_from_reqs(made_together, 16, layout="nested")
+        kvest.decode_new_tokens_from_reqs(made_together[::-1], 16, layout="nested")
+        assert _walks() == before
+        _reqs._address_order(61)
         kvest.decode_new_tokens_from_reqs(shuffled, 16, layout="nested")
         assert _walks() == before  # too small
-        _reqs._address_order(50)
+        _reqs._address_order(60)
         kvest.decode_new_tokens_from_reqs(shuffled, 16, layout="nested")
         assert _walks()[0] == before[0] + 1
     finally:

@@ -101,7 +101,7 @@ cdef extern from "reqattr.h":
 cdef extern from "addrorder.h":
     enum:
         KV_ADDRESS_ORDER
-    bint kv_nearly_ascending(PyObject **items, Py_ssize_t m)
+    bint kv_mostly_near(PyObject **items, Py_ssize_t m)
     int kv_address_order(PyObject **items, Py_ssize_t m, PyObject **out)
 
 
@@ -383,9 +383,10 @@ cdef bint _by_address(Job *job, PyObject **items, Py_ssize_t m) noexcept:
     read) in address order (addrorder.h says why), where the answer cannot
     tell the order: a count or an int64 sum (not the plan's rows), read only
     as :func:`_row_pure` can.  Whether it did: job then holds the answer.
-    Else (a batch (nearly) in order already or too small, a request the pure read
-    cannot take, an overflow) job is as it was, nothing else has changed, and
-    the caller walks in order -- and raises, or calls Python, as it does."""
+    Else (a batch too small, or whose requests mostly lie near one another
+    already; a request the pure read cannot take; an overflow) job is as it
+    was, nothing else has changed, and the caller walks in order -- and
+    raises, or calls Python, as it does."""
     global _order_walks, _order_gave_up
     cdef Job trial
     cdef kv_cache cache
@@ -393,7 +394,7 @@ cdef bint _by_address(Job *job, PyObject **items, Py_ssize_t m) noexcept:
     cdef PyObject **order
     cdef bint done = True
     if (not KV_ADDRESS_ORDER or m < _order_min or job.kind == PLAN
-            or kv_nearly_ascending(items, m)):
+            or kv_mostly_near(items, m)):
         return False
     order = <PyObject **>PyMem_Malloc(m * sizeof(PyObject *))
     if order == NULL or kv_address_order(items, m, order) < 0:
