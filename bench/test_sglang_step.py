@@ -66,3 +66,34 @@ def test_step(benchmark, cells, n, hot_spot, side):
     rounds = 3 if hot_spot.startswith("retract") else 30
     with installed(side):
         benchmark.pedantic(cells.call, setup=cells.arm, rounds=rounds, iterations=1)
+
+
+@pytest.fixture
+def read_order(request):
+    """The request kernels reading a shuffled batch in address order (what
+    users run), or in the order given (the same kernels, the reordering
+    switched off: what it saves)."""
+    if kvest.IMPLEMENTATION != "cython":
+        pytest.skip("the compiled kernels' walk order")
+    from kvest import _reqs
+
+    least = _reqs._address_order()[2]
+    _reqs._address_order(least if request.param == "address" else 1 << 62)
+    yield request.param
+    _reqs._address_order(least)
+
+
+@pytest.mark.parametrize("read_order", ["address", "given"], indirect=True)
+@pytest.mark.parametrize("hot_spot", ["estimate spec", sglang_step.SHUFFLED])
+@pytest.mark.parametrize("n", [n for n in SIZES if n >= 256])
+def test_shuffled_selection(benchmark, cells, n, hot_spot, read_order):
+    """kvest's EAGLE estimate over the whole batch and over every request
+    selected in a shuffled order, each read in address order and in the order
+    given: how close the shuffled selection comes to the whole batch."""
+    cells.use(hot_spot, n)
+    want = cells.check()
+    with installed("kvest"):
+        assert cells.check() == want
+        benchmark.group = f"sglang estimate spec, read order n={n:>5}"
+        benchmark.extra_info.update(hot_spot=hot_spot, n=n, read_order=read_order)
+        benchmark.pedantic(cells.call, setup=cells.arm, rounds=30, iterations=1)
