@@ -2,9 +2,10 @@
 # every index into a caller's container is checked (the C reads check by hand).
 # cython: language_level=3, boundscheck=True, wraparound=False, cdivision=True
 # cython: initializedcheck=False
-# Free-threading: the module keeps no state; every call keeps its per-type
-# lookup cache on its own stack and reads its requests through the C API
-# (which keeps them alive), so no lock is needed.
+# Free-threading: every call keeps its per-type lookup cache on its own stack
+# and reads its requests through the C API (which keeps them alive), so no
+# lock is needed; the address-ordered walk and its counters, the module's one
+# state, are compiled out there (addrorder.h).
 # cython: freethreading_compatible=True
 """Compiled request-object kernels: the same names, signatures and exceptions
 as kvest.reference._reqs, their pure-Python twin.
