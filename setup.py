@@ -22,7 +22,7 @@ link_args = os.environ.get("KVEST_LDFLAGS", "").split()
 SRC = "src/kvest"
 HEADERS = [f"{SRC}/_src/{name}" for name in
            ("loops.h", "loops_body.h", "loops_variant.h", "loops_avx2.h", "rows.h",
-            "reqattr.h", "reqwrite.h", "addrorder.h")]
+            "reqattr.h", "reqwrite.h", "addrorder.h", "typetag.h")]
 common = dict(
     include_dirs=[np.get_include(), f"{SRC}/_src"],
     depends=[*HEADERS, f"{SRC}/_common.pxd"],

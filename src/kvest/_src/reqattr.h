@@ -38,6 +38,8 @@
 #include <string.h>
 #include <structmember.h>
 
+#include "typetag.h"
+
 #ifdef Py_RELATIVE_OFFSET
 #define KV_MEMBER_UNUSABLE (PY_AUDIT_READ | Py_RELATIVE_OFFSET)
 #else
@@ -131,8 +133,7 @@ static void kv_reader_init(kv_reader *r, PyTypeObject *t, PyObject *name)
 
 static inline int kv_layout_current(const kv_layout *l, PyTypeObject *t)
 {
-    return l->type == t && (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)
-           && t->tp_version_tag == l->version;
+    return l->type == t && kv_tag_valid(t) && t->tp_version_tag == l->version;
 }
 
 static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
@@ -149,8 +150,8 @@ static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
     l->type = t;
     /* The lookups assign a version tag if the type can have one; without one
      * the entry is never current and the type is resolved again each time. */
-    l->version = (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? t->tp_version_tag : 0;
-    if (!(t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) l->type = NULL;
+    l->version = kv_tag_valid(t) ? t->tp_version_tag : 0;
+    if (!kv_tag_valid(t)) l->type = NULL;
 #ifndef Py_GIL_DISABLED
     for (int i = 0; l->type && i < KV_HINT_SLOTS; i++)
         if (kv_hints[i].type == t && kv_hints[i].version == l->version)

@@ -51,6 +51,8 @@
 #include <limits.h>
 #include <string.h>
 #include <structmember.h>
+
+#include "typetag.h"
 #if PY_VERSION_HEX < 0x030B0000
 #include <longintrepr.h> /* PyLongObject's digits, for kw_bump */
 #endif
@@ -119,17 +121,6 @@ static inline void kw_step_init(kw_step *s, PyObject *name)
     s->hint = -1;
 }
 
-/* Whether t's version tag is valid: 3.13 stopped setting the flag and marks
- * an invalid tag with 0 instead. */
-static inline int kw_tag_valid(PyTypeObject *t)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return t->tp_version_tag != 0;
-#else
-    return (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && t->tp_version_tag != 0;
-#endif
-}
-
 static void kw_resolve(kw_step *s, PyTypeObject *t)
 {
     s->type = NULL;
@@ -165,7 +156,7 @@ static void kw_resolve(kw_step *s, PyTypeObject *t)
     }
     /* The lookup assigns a version tag if the type can have one; without one
      * the route is worked out again before each use. */
-    if (kw_tag_valid(t)) {
+    if (kv_tag_valid(t)) {
         s->type = t;
         s->version = t->tp_version_tag;
         for (int i = 0; i < KW_HINT_SLOTS; i++)
@@ -210,7 +201,7 @@ static void kw_learn(kw_step *s, PyObject *dict)
 
 static inline void kw_route(kw_step *s, PyTypeObject *t)
 {
-    if (!(s->type == t && kw_tag_valid(t) && t->tp_version_tag == s->version))
+    if (!(s->type == t && kv_tag_valid(t) && t->tp_version_tag == s->version))
         kw_resolve(s, t);
 }
 
