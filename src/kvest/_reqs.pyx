@@ -379,6 +379,11 @@ cdef bint _row_pure(Job *job, kv_cache *cache, PyObject *req) noexcept:
     return ok
 
 
+cdef inline bint _may_reorder(Job *job, Py_ssize_t m) noexcept:
+    """Whether a walk of m rows of this job may go in address order at all."""
+    return KV_ADDRESS_ORDER and m >= _order_min and job.kind != PLAN
+
+
 cdef bint _by_address(Job *job, PyObject **items, Py_ssize_t m) noexcept:
     """The walk over items (borrowed; no Python code has run since they were
     read) in address order (addrorder.h says why), where the answer cannot
@@ -394,8 +399,7 @@ cdef bint _by_address(Job *job, PyObject **items, Py_ssize_t m) noexcept:
     cdef Py_ssize_t j
     cdef PyObject **order
     cdef bint done = True
-    if (not KV_ADDRESS_ORDER or m < _order_min or job.kind == PLAN
-            or kv_mostly_near(items, m)):
+    if not _may_reorder(job, m) or kv_mostly_near(items, m):
         return False
     order = <PyObject **>PyMem_Malloc(m * sizeof(PyObject *))
     if order == NULL or kv_address_order(items, m, order) < 0:
@@ -432,9 +436,10 @@ cdef bint _rows_by_address(Job *job, object reqs, const int64_t *rows, Py_ssize_
     """:func:`_by_address` over the selected rows of a list or tuple."""
     cdef Py_ssize_t j, n = PyList_GET_SIZE(reqs) if is_list else PyTuple_GET_SIZE(reqs)
     cdef PyObject **items
+    cdef PyObject **held = PySequence_Fast_ITEMS(reqs)
     cdef bint done
-    if not KV_ADDRESS_ORDER or m < _order_min or job.kind == PLAN:
-        return False
+    if not _may_reorder(job, m):
+        return False  # before the gathering buffer is allocated
     items = <PyObject **>PyMem_Malloc(m * sizeof(PyObject *))
     if items == NULL:
         return False
@@ -442,7 +447,7 @@ cdef bint _rows_by_address(Job *job, object reqs, const int64_t *rows, Py_ssize_
         if not 0 <= rows[j] < n:
             PyMem_Free(items)
             return False  # the walk in order says what is wrong
-        items[j] = PySequence_Fast_ITEMS(reqs)[rows[j]]
+        items[j] = held[rows[j]]
     done = _by_address(job, items, m)
     PyMem_Free(items)
     return done
