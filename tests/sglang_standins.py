@@ -8,9 +8,9 @@ from typing import Any
 
 from request_standins import FlatReq, MixedReq, NestedReq
 
-# The doctor ships these two for its own self-test; the tests use the same ones.
-from kvest.sglang.doctor import BeamGroup as BeamGroup
-from kvest.sglang.doctor import Unpatched as Unpatched
+# The doctor's parity run ships these two; the tests use the same ones.
+from kvest.sglang.parity import BeamGroup as BeamGroup
+from kvest.sglang.parity import Unpatched as Unpatched
 
 
 def request_class(layout: dict[str, str]) -> Callable[..., Any]:

@@ -22,20 +22,24 @@ def test_doctor_reports_and_passes(capsys):
     assert cli_main(["sglang", "--batches", "300"]) == 0
     out = capsys.readouterr().out
     assert f"sglang {INSTALLED.version} at" in out
-    assert "a scheduler process here: kvest's kernels answer" in out
+    assert "a scheduler process here: mode on (KVEST_SGLANG is not set" in out
     assert "new_tokens_required_next_decode: replaced (select_requests at line" in out
     assert "decode_count/" in out  # flat or nested, as the installed release reads
     assert out.rstrip().endswith("300 batches, 0 mismatches")
 
 
-@pytest.mark.parametrize(("env", "says"), [
-    ({"KVEST_SGLANG": "0"}, "kvest OFF (KVEST_SGLANG turns it off)"),
-    ({"KVEST_SGLANG": "nope"}, "kvest OFF: KVEST_SGLANG='nope' is not one of"),
-    ({"KVEST_SGLANG": "shadow"}, "kvest runs beside upstream, upstream answers (shadow)"),
-    ({"SGLANG_PLUGINS": "someone_else"}, "kvest not loaded (SGLANG_PLUGINS='someone_else'"),
-    ({"SGLANG_PLUGINS": "someone_else,kvest"}, "kvest's kernels answer"),
+@pytest.mark.parametrize(("env", "says", "state"), [
+    ({"KVEST_SGLANG": "0"}, "mode off (KVEST_SGLANG='0' turns kvest off)", "off"),
+    ({"KVEST_SGLANG": "nope"}, "mode off (KVEST_SGLANG='nope' is not one of", "off"),
+    ({"KVEST_SGLANG": "shadow"}, "mode shadow (KVEST_SGLANG='shadow')", "shadow"),
+    ({"SGLANG_PLUGINS": "someone_else"},
+     "mode off (SGLANG_PLUGINS='someone_else' does not list kvest", "off"),
+    ({"SGLANG_PLUGINS": "someone_else,kvest"}, "mode on (KVEST_SGLANG is not set", "replaced"),
 ])
-def test_doctor_reads_the_plugins_switches(env, says, capsys, monkeypatch):
+def test_doctor_reads_the_plugins_switches(env, says, state, capsys, monkeypatch):
+    """The mode and its reason as the plugin would read them, and the hot spots'
+    states as status() gives them in that mode; the parity run, whatever the
+    mode, covers what kvest would replace when on."""
     monkeypatch.delenv("KVEST_SGLANG", raising=False)
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
     for key, value in env.items():
@@ -43,7 +47,10 @@ def test_doctor_reads_the_plugins_switches(env, says, capsys, monkeypatch):
     assert cli_main(["sglang", "--batches", "20"]) == 0
     out = capsys.readouterr().out
     assert f"a scheduler process here: {says}" in out
-    assert ("(not used: " in out) == ("kvest's kernels answer" not in says)
+    assert f"  new_tokens_required_next_decode: {state}" in out
+    assert ("with kvest on, it would replace:" in out) == (state != "replaced")
+    assert "new_tokens_required_next_decode: select_requests at line" in out  # parity
+    assert "not used" not in out
 
 
 def test_doctor_checks_an_sglang_that_is_not_installed(capsys, tmp_path):
@@ -70,11 +77,75 @@ def test_doctor_checks_an_sglang_that_is_not_installed(capsys, tmp_path):
     assert out.rstrip().endswith("100 batches, 0 mismatches")
 
 
-def test_doctor_on_a_wheel_and_on_a_bad_root(capsys, tmp_path):
+def test_doctor_on_a_bad_root(capsys, tmp_path):
     with pytest.raises(SystemExit) as stop:
         cli_main(["sglang", "--sglang-root", str(tmp_path)])
     assert stop.value.code == 2
     assert "no sglang/srt/managers/schedule_batch.py" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        cli_main(["sglang", "--sglang-root", str(tmp_path / "nonexistent")])
+    assert stop.value.code == 2
+    assert "nonexistent: no such file or directory" in capsys.readouterr().err
+
+
+def test_doctor_checks_every_replaced_hot_spot(capsys):
+    """Every statement kvest swaps is compared, the writers included, and the
+    report names the same hot spots, states and patterns as status()."""
+    from kvest.sglang import monitor
+    from kvest.sglang.registry import HOTSPOTS
+
+    assert cli_main(["sglang", "--batches", "40"]) == 0
+    out = capsys.readouterr().out
+    for name in HOTSPOTS:
+        assert f"\n  {name}: " in out, name
+    import kvest.sglang
+
+    with upstream.standin_tree(INSTALLED):
+        handle = kvest.sglang.patch()
+        try:
+            report = monitor.status()["hotspots"]
+            for target in handle.plan.targets:
+                for swap in target.swaps:
+                    line = (f"  {target.spot}: {swap.found.pattern.id} at line "
+                            f"{swap.found.stmt.lineno}: ")
+                    assert line in out, line
+            for name, spot in report.items():
+                if spot["state"] == "replaced":
+                    assert f"  {name}: replaced ({', '.join(spot['patterns'])})" in out
+        finally:
+            handle.undo()
+
+
+def test_doctor_leaves_no_temporary_folder(capsys, tmp_path, monkeypatch):
+    """A wheel is read from a temporary folder that is gone afterwards."""
+    import glob
+    import tempfile
+    import zipfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    wheel = tmp_path / f"sglang-{INSTALLED.version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        from kvest.sglang.registry import files
+
+        for rel in files():
+            if INSTALLED.exists(rel):
+                zf.write(INSTALLED.path(rel), rel)
+    assert cli_main(["sglang", "--batches", "10", "--sglang-root", str(wheel)]) == 0
+    assert "10 batches, 0 mismatches" in capsys.readouterr().out
+    assert not glob.glob(str(tmp_path / "kvest-doctor-*"))
+
+
+def test_doctor_survives_a_closed_pipe():
+    """``| head -2``: the reader goes away; the exit status is still the verdict."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "kvest.sglang", "--batches", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=300) == 0, proc.stderr.read() if proc.stderr else ""
 
 
 def test_doctor_fails_on_a_mismatch(capsys, monkeypatch):

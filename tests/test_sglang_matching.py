@@ -10,6 +10,7 @@ import pytest
 
 from kvest.sglang import fingerprint, monitor, patterns, rewrite
 from kvest.sglang.hotspots import _int32_tensor_use
+from kvest.sglang.registry import KINDS
 
 
 @pytest.mark.parametrize(("value", "mode", "warns"), [
@@ -19,11 +20,13 @@ from kvest.sglang.hotspots import _int32_tensor_use
 ])
 def test_the_switch(value, mode, warns):
     env = {} if value is None else {"KVEST_SGLANG": value}
-    got, warning = monitor.mode(env)
-    assert got == mode
-    assert (warning is not None) == warns
+    got = monitor.switch(env)
+    assert got.mode is monitor.Mode(mode)
+    assert (got.warning is not None) == warns
+    # The reason quotes the value (or says it is not set): a typo never looks deliberate.
+    assert (repr(value) if value is not None else "not set") in got.reason
     if warns:
-        assert repr(value) in warning
+        assert repr(value) in got.warning and "not one of" in got.reason
 
 
 def test_the_source_must_be_the_code_that_runs(tmp_path):
@@ -61,7 +64,7 @@ def test_patterns_are_data_with_their_releases():
                                         "alloc_lens_loop", "get_num_new_pages"}
     for pattern in loaded:
         assert len(pattern.digest) == 64 and pattern.releases
-        assert pattern.kind in patterns.SELECT
+        assert pattern.kind in KINDS
         assert pattern.functions
 
 

@@ -136,10 +136,20 @@ def test_shadow_through_load_plugins(tree, monkeypatch):
     cases = [(spec, sel) for spec in (False, True) for sel in (None, (4, 0, -1))]
     expected = {case: original(_batch(tree, case[0]), case[1]) for case in cases}
     tree.modules["sglang.srt.plugins"].load_plugins()
+    before = kvest.sglang.status()["hotspots"]
     for (spec, sel), value in expected.items():
         assert _batch(tree, spec).new_tokens_required_next_decode(sel) == value
     report = kvest.sglang.status()
     assert report["mode"] == "shadow"
     spot = report["hotspots"]["new_tokens_required_next_decode"]
     assert spot["state"] == "shadow"
-    assert spot["shadow_calls"] == len(cases) and spot["mismatches"] == 0
+    # Each call compared and counted once, the nested spec-v2 call included.
+    old = before["new_tokens_required_next_decode"]
+    assert spot["shadow"]["compared"] - old["shadow"]["compared"] == len(cases)
+    assert spot["calls"] - old["calls"] == len(cases)
+    assert spot["shadow"]["mismatches"] == 0
+    nested = "_new_tokens_required_next_decode_spec_v2"
+    spec_calls = sum(spec for spec, _ in cases)
+    assert report["hotspots"][nested]["calls"] - before[nested]["calls"] == spec_calls
+    assert report["hotspots"][nested]["shadow"]["compared"] == before[nested]["shadow"][
+        "compared"]

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from request_standins import FlatReq, MixedReq, NestedReq
 from sglang_releases import check_required, releases
 
-from kvest.sglang import fingerprint, kernels, patterns, rewrite
+from kvest.sglang import fingerprint, hotspots, patterns, rewrite
+from kvest.sglang.registry import KINDS
 
 RELEASES = [t for t in releases() if t.exists("sglang/srt/mem_cache/allocation.py")]
 check_required(releases())
@@ -68,7 +69,7 @@ def _loop_function(case: str, tmp_path) -> tuple[types.FunctionType, types.Funct
     tree = release.tree(relpath)
     fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
     text = release.path(relpath).read_text()
-    loops = [s for s in fingerprint.statements(fn.body) if patterns.SELECT[kind](s)]
+    loops = [s for s in fingerprint.statements(fn.body) if KINDS[kind].select(s)]
     assert len(loops) == 1
     body = textwrap.indent(textwrap.dedent(ast.get_source_segment(text, loops[0],
                                                                   padded=True)), "    ")
@@ -83,9 +84,7 @@ def _loop_function(case: str, tmp_path) -> tuple[types.FunctionType, types.Funct
     analysis = rewrite.analyse(original, [kind])
     assert [f.pattern.id for f in analysis.found] == [pattern_id], analysis.notes
     found = analysis.found[0]
-    maker, inputs, binds = kernels.GLUE[kind]
-    swap = rewrite.Swap(found, maker(found.pattern, name, {}), inputs, binds)
-    return original, rewrite.rebuild(analysis, [swap])
+    return original, rewrite.rebuild(analysis, [hotspots.make_swap(found, name, {})])
 
 
 class Failing:

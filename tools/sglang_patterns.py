@@ -13,8 +13,9 @@ finds each pattern's statement (or function) where kvest knows it lives, and
   unless every wheel's statement at each place is one that kvest accepts.
 
 A new release with a new fingerprint is never accepted by this tool: a human
-reads the new code, proves a kernel equal to it, and adds its digest to
-``ACCEPTED`` below.  Nothing of SGLang's code is stored, only digests.
+reads the new code, proves a kernel equal to it, and adds its digest to its
+kind's ``accepted`` in ``kvest.sglang.registry``.  Nothing of SGLang's code is
+stored, only digests.
 
     python tools/sglang_patterns.py --check  WHEEL_OR_DIR [...]
     python tools/sglang_patterns.py --write  WHEEL_OR_DIR [...]
@@ -28,51 +29,33 @@ import json
 import re
 import sys
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from kvest.sglang import fingerprint
-from kvest.sglang.patterns import PLACES, SELECT
+from kvest.sglang.registry import HELPERS, HOTSPOTS, KINDS, module_file
 
 OUT = Path(__file__).resolve().parent.parent / "src/kvest/sglang/patterns.json"
 
-# The fingerprints a human has read and proven a kernel equal to (digest
-# prefix -> the pattern's id and what the kernel needs to know).
-ACCEPTED = {
-    "df1187ec4fb9": ("decode_count/flat", {"layout": "flat"}),
-    "720dd25ff1a7": ("decode_count/nested", {"layout": "nested"}),
-    # R = 2 * alloc_len, alloc_len a local of the method (0.5.11-0.5.12)
-    "a7767a028b04": ("spec_v2_total/flat/2x", {"layout": "flat", "reserve_factor": 2,
-                                               "reserve": "alloc_len"}),
-    "ac283f7fb881": ("spec_v2_total/flat", {"layout": "flat", "reserve_factor": 1,
-                                            "reserve": "reserve"}),
-    "b26520a658a2": ("spec_v2_total/mixed", {"layout": "mixed", "reserve_factor": 1,
-                                             "reserve": "reserve"}),
-    "5c9eaf01b495": ("spec_v2_total/nested", {"layout": "nested", "reserve_factor": 1,
-                                              "reserve": "reserve"}),
-    "000952999d89": ("beam_rows", {}),
-    "fca0c46ba1a5": ("select_requests", {}),
-    "41109038e55f": ("alloc_lens_loop/nested", {"layout": "nested"}),
-    "c7fcaae0bb6b": ("alloc_lens_function/nested", {"layout": "nested"}),
-    "9bda6bd0efc8": ("get_num_new_pages", {}),
-    "7b40dcca57e9": ("ceil_align", {}),
-    "974e86067eb8": ("ceil_div", {}),
-    # the loops that write to requests
-    "226feb6771b3": ("add_lengths_loop/nested", {}),
-    "52ea9dba3a67": ("max_allocated_loop/nested", {}),
-    # `for req in <batch>.reqs: req.<path> += 1` for each path (written to the
-    # file from the statement, which the digest fixes): decode_batch_idx;
-    # then kv_committed_len (flat2); then kv_allocated_len too (flat3)
-    "cdc4dffc828b": ("batch_idx_loop", {}),
-    "c8bf94dc0a90": ("batch_idx_loop/flat2", {}),
-    "5df113efbe18": ("batch_idx_loop/flat3", {}),
-    # append_beam_tail's loop, compiled only as "no request is in a beam group"
-    "12869f036c9f": ("beam_tail_loop", {}),
-}
-# Loops kvest compiles only in the releases where they took the shape above;
-# older shapes of them are left alone, as the patterns say.
-NEW_IN = {"add_lengths_loop", "max_allocated_loop", "select_requests"}
-# Loops whose glue is told the attribute paths they add to.
-WRITES_PATHS = {"batch_idx_loop"}
+
+
+class Place(NamedTuple):
+    """Where a kind of statement lives: the files its hot spot has lived in, the
+    function, and what the function's variables mean to the kind."""
+
+    kind: str
+    files: tuple[str, ...]
+    function: str
+    roles: Mapping[str, str]
+
+
+PLACES = tuple(Place(use.kind, tuple(module_file(m) for m in spot.modules), spot.qualname,
+                     use.roles)
+               for spot in (*HOTSPOTS.values(), *HELPERS.values())
+               for use in (*spot.uses, *spot.forms))
+# digest prefix -> (kind, what a human accepted)
+ACCEPTED = {a.prefix: (kind, a) for kind in KINDS.values() for a in kind.accepted}
 
 
 def _find(tree: ast.Module, qualname: str) -> ast.FunctionDef | None:
@@ -118,27 +101,30 @@ def _key(version: str) -> list[int]:
     return [int(x) for x in re.findall(r"\d+", version)]
 
 
-def survey(wheels: list[Path]) -> tuple[dict[str, dict], list[str]]:
-    """(pattern id -> entry, problems) over the wheels."""
+def survey(wheels: list[Path]) -> tuple[dict[str, dict], dict[str, dict], list[str]]:
+    """(pattern id -> entry, older shape's digest -> entry, problems) over the wheels."""
     entries: dict[str, dict] = {}
+    older: dict[str, dict] = {}
     problems: list[str] = []
     for path in sorted(wheels, key=lambda p: _key(_version(p))):
         version = _version(path)
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())
-            trees = {place.file: ast.parse(zf.read(place.file).decode()) for place in PLACES
-                     if place.file in names}
+            trees = {file: ast.parse(zf.read(file).decode()) for place in PLACES
+                     for file in place.files if file in names}
         for place in PLACES:
-            fn = _find(trees[place.file], place.function) if place.file in trees else None
+            fn = next((found for found in (_find(trees[file], place.function)
+                                           for file in place.files if file in trees)
+                       if found is not None), None)
             if fn is None:
                 continue  # not in this release
-            select = SELECT[place.kind]
+            kind = KINDS[place.kind]
             stmts: list[ast.stmt] = []
-            if select is None:
+            if kind.select is None:
                 prints = [fingerprint.print_function(fn)]
             else:
                 local = fingerprint.function_locals(fn)
-                stmts = [s for s in fingerprint.statements(fn.body) if select(s)]
+                stmts = [s for s in fingerprint.statements(fn.body) if kind.select(s)]
                 prints = [fingerprint.print_statement(s, local) for s in stmts]
             if not prints:
                 continue  # this release's function has no such statement
@@ -147,26 +133,37 @@ def survey(wheels: list[Path]) -> tuple[dict[str, dict], list[str]]:
                                 f"{place.kind}")
                 continue
             found = prints[0]
-            accepted = ACCEPTED.get(found.digest[:12])
-            if accepted is None or not accepted[0].startswith(place.kind):
-                if place.kind in NEW_IN:
-                    continue  # an older shape of a loop kvest compiles only from NEW_IN on
+            accepted_kind, accepted = ACCEPTED.get(found.digest[:12], (None, None))
+            if accepted is None or accepted_kind is not kind:
+                if kind.older_shapes:  # a release's own older shape: no kernel, no edit
+                    shape = older.setdefault(found.digest, {
+                        "digest": found.digest, "kind": place.kind, "functions": [],
+                        "releases": []})
+                    for key, value in (("functions", place.function), ("releases", version)):
+                        if value not in shape[key]:
+                            shape[key].append(value)
+                    continue
                 problems.append(f"{version}: {place.function}: {place.kind} has the "
                                 f"fingerprint {found.digest[:12]}, which kvest has not accepted")
                 continue
-            pattern_id, extra = accepted
-            if place.kind in WRITES_PATHS:
-                extra = {**extra, "paths": _added_paths(stmts[0])}
+            extra: dict[str, object] = {}
+            if accepted.layout is not None:
+                extra["layout"] = accepted.layout
+            if accepted.reserve_factor != 1:
+                extra["reserve_factor"] = accepted.reserve_factor
+            if kind.paths:
+                extra["paths"] = _added_paths(stmts[0])
             canonical = {actual: canon for canon, actual in found.names.items()}
             wanted = dict(place.roles)
-            if "reserve" in extra:
-                wanted["reserve"] = extra["reserve"]
+            if accepted.reserve is not None:
+                wanted["reserve"] = accepted.reserve
+            pattern_id = accepted.id
             entry = entries.setdefault(pattern_id, {
                 "id": pattern_id, "kind": place.kind, "functions": [],
                 "digest": found.digest,
                 "roles": {role: canonical[name] for role, name in wanted.items()},
                 "globals": list(found.globals),
-                **{k: v for k, v in extra.items() if k != "reserve"},
+                **extra,
                 "nodes": {path: list(node) for path, node in found.nodes.items()},
                 "releases": [],
             })
@@ -176,7 +173,7 @@ def survey(wheels: list[Path]) -> tuple[dict[str, dict], list[str]]:
                 entry["functions"].append(place.function)
             if version not in entry["releases"]:
                 entry["releases"].append(version)
-    return entries, problems
+    return entries, older, problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     if not wheels:
         print("no sglang wheels given", file=sys.stderr)
         return 2
-    entries, problems = survey(wheels)
+    entries, older, problems = survey(wheels)
     data = {
         "about": "Generated by tools/sglang_patterns.py from SGLang's wheels: fingerprints "
                  "(SHA-256 of the normalised syntax tree) of the code kvest replaces. "
                  "Do not edit by hand.",
         "patterns": sorted(entries.values(), key=lambda e: e["id"]),
+        "older": sorted(older.values(), key=lambda e: (e["kind"], e["releases"][0])),
     }
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     for problem in problems:

@@ -23,6 +23,7 @@ __all__ = [
     "Print",
     "first_difference",
     "function_locals",
+    "has_docstring",
     "print_function",
     "print_statement",
     "statements",
@@ -81,7 +82,7 @@ class _Canon:
                 parts.append(f"id={self.name(value)}")
             elif isinstance(node, ast.arg) and field == "arg":
                 parts.append(f"arg={self.name(value)}")
-            elif field == "body" and _has_docstring(node):
+            elif field == "body" and has_docstring(node):
                 parts.append(f"body={self.dump(value[1:], f'{path}/body')}")
             else:
                 parts.append(f"{field}={self.dump(value, f'{path}/{field}')}")
@@ -91,7 +92,7 @@ class _Canon:
         return text
 
 
-def _has_docstring(node: ast.AST) -> bool:
+def has_docstring(node: ast.AST) -> bool:
     body = getattr(node, "body", None)
     return (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
             and bool(body) and isinstance(body[0], ast.Expr)

@@ -1,13 +1,14 @@
-"""Where SGLang's per-step hot spots live, and what kvest does with each.
+"""What kvest does with each hot spot of :mod:`kvest.sglang.registry` in this process.
 
 :func:`plan` looks at the loaded sglang modules.  For each hot spot it reads
 the function's source (:mod:`kvest.sglang.rewrite`), finds the patterns kvest
 ships (:mod:`kvest.sglang.patterns`) and plans a :class:`Target`: the function
-compiled again with each matched statement swapped for a kernel
-(:mod:`kvest.sglang.kernels`), or -- where the whole function is a pattern --
+compiled again with each matched statement swapped for its glue
+(:mod:`kvest.sglang.glue`), or -- where the whole function is a pattern --
 kvest's own version of it.  Whatever does not match exactly is left alone, with
 the reason in the hot spot's notes (:mod:`kvest.sglang.monitor`).  Nothing here
-depends on a version string.
+depends on a version string.  The plugin, ``patch()`` and the doctor all plan
+here, so the log, :func:`kvest.sglang.status` and the doctor's report agree.
 
 Callers of ``page_aligned_decode_alloc_lens`` are read too (their source, with
 :mod:`ast`): kvest can return int32 NumPy arrays, which only a caller that
@@ -28,48 +29,11 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from kvest.sglang import kernels, monitor, patterns, rewrite
+from kvest.sglang import glue, monitor, rewrite
+from kvest.sglang.monitor import Mode, note
+from kvest.sglang.registry import BATCH, HELPERS, HOTSPOTS, HotSpot, NoteKind, State
 
-__all__ = ["HOTSPOTS", "Plan", "Target", "plan"]
-
-BATCH_MODULE = "sglang.srt.managers.schedule_batch"
-COMMON_MODULE = "sglang.srt.utils.common"
-BEAM_MODULE = "sglang.srt.beam_search.batch_tail"
-EAGLE_MODULE = "sglang.srt.speculative.eagle_utils"
-ALLOCATION_MODULE = "sglang.srt.mem_cache.allocation"
-ALLOC_MODULES = (
-    "sglang.srt.mem_cache.allocation_sizing",
-    "sglang.srt.mem_cache.common",
-    "sglang.srt.managers.utils",
-)
-
-# name: (module(s), class or None, attribute, pattern kinds)
-HOTSPOTS: dict[str, tuple[tuple[str, ...], str | None, str, tuple[str, ...]]] = {
-    "new_tokens_required_next_decode": ((BATCH_MODULE,), "ScheduleBatch",
-                                        "new_tokens_required_next_decode",
-                                        ("select_requests", "decode_count")),
-    "check_decode_mem": ((BATCH_MODULE,), "ScheduleBatch", "check_decode_mem",
-                         ("select_requests",)),
-    "_new_tokens_required_next_decode_spec_v2": (
-        (BATCH_MODULE,), "ScheduleBatch", "_new_tokens_required_next_decode_spec_v2",
-        ("spec_v2_total",)),
-    "num_beam_member_rows": ((BEAM_MODULE,), None, "num_beam_member_rows", ("beam_rows",)),
-    # The loop of append_beam_tail, skipped when no request is in a beam group.
-    "append_beam_tail": ((BEAM_MODULE,), None, "append_beam_tail", ("beam_tail_loop",)),
-    "page_aligned_decode_alloc_lens": (ALLOC_MODULES, None, "page_aligned_decode_alloc_lens",
-                                       ("alloc_lens_loop",)),
-    "get_num_new_pages": ((COMMON_MODULE,), None, "get_num_new_pages", ("get_num_new_pages",)),
-    # The loops that write to requests (0.5.19+).
-    "alloc_for_decode": ((ALLOCATION_MODULE,), None, "alloc_for_decode", ("add_lengths_loop",)),
-    "alloc_for_decode_default": ((ALLOCATION_MODULE,), None, "alloc_for_decode_default",
-                                 ("add_lengths_loop",)),
-    "prepare_for_decode": ((BATCH_MODULE,), "ScheduleBatch", "prepare_for_decode",
-                           ("batch_idx_loop",)),
-    "eagle_prepare_for_decode": ((EAGLE_MODULE,), None, "eagle_prepare_for_decode",
-                                 ("batch_idx_loop",)),
-    "alloc_for_spec_decode": ((ALLOCATION_MODULE,), None, "alloc_for_spec_decode",
-                              ("max_allocated_loop",)),
-}
+__all__ = ["Plan", "Target", "plan"]
 
 
 @dataclasses.dataclass
@@ -78,35 +42,38 @@ class Target:
 
     ``registry`` is the dotted target SGLang's HookRegistry would patch (with
     every module that imported the name), or ``None`` where only ``owner``
-    itself may change (a caller-specific replacement).
+    itself may change (a caller-specific replacement).  ``swaps`` are the
+    statements swapped (none for a whole-function replacement).
     """
 
     label: str
+    spot: str
     owner: Any
     attr: str
     original: Any
     new: Any
     registry: str | None
+    swaps: list[rewrite.Swap] = dataclasses.field(default_factory=list)
+    analysis: rewrite.Analysis | None = None
 
 
 @dataclasses.dataclass
 class Plan:
-    """What :func:`plan` found: the targets, and per hot spot its status entry."""
+    """What :func:`plan` found: the targets, whether this process runs the scheduler."""
 
     version: str
+    mode: Mode
     targets: list[Target] = dataclasses.field(default_factory=list)
     scheduler: bool = False
 
     @property
     def problems(self) -> list[str]:
-        """Code kvest did not match: every note of a hot spot left alone, and the
-        loops left alone in a hot spot whose other loops were compiled."""
-        return [f"{s.name}: {n}" for s in monitor.STATE.spots.values()
-                for n in monitor.left_alone(s)]
+        """Compiled code kvest left to upstream: every declining note."""
+        return [f"{s.name}: {n.text}" for s in monitor.STATE.spots.values() for n in s.declines]
 
 
 def _version() -> str:
-    """The loaded sglang's version (for the log line only; never used to decide)."""
+    """The loaded sglang's version (for the report only; never used to decide)."""
     version = getattr(sys.modules.get("sglang"), "__version__", None)
     if isinstance(version, str):
         return version
@@ -138,13 +105,16 @@ def _mark(new: Any, original: Any, patterns_: list[str]) -> Any:
     return new
 
 
-def plan(import_modules: bool = True, mode: str = "on") -> Plan:
+def plan(import_modules: bool = True, mode: Mode = Mode.ON, reason: str = "kvest.sglang.patch()",
+         complete: bool = False) -> Plan:
     """Inspect the loaded sglang modules and plan the replacements.
 
     With ``import_modules`` the scheduler's modules are imported if they are
     not loaded yet (``patch()``); without, only what is in ``sys.modules`` is
     looked at (the plugin, which must not load the scheduler into processes
-    that never use it).  ``mode`` is ``"on"`` or ``"shadow"``.
+    that never use it), and a hot spot whose module is not there is "not
+    loaded" -- or, with ``complete`` (the doctor's stand-in modules: every
+    module the release has), "absent".  Without the scheduler nothing is planned.
     """
     version = _version()
 
@@ -158,60 +128,70 @@ def plan(import_modules: bool = True, mode: str = "on") -> Plan:
         except ImportError:
             return None
 
-    batch = module(BATCH_MODULE)
-    result = Plan(version, scheduler=batch is not None)
-    monitor.reset(mode, version, batch is not None)
-    for name, (homes, cls_name, attr, kinds) in HOTSPOTS.items():
-        entry = monitor.spot(name)
-        owner = None
-        for home in homes:
-            candidate = module(home)
-            if candidate is not None and (cls_name is not None or attr in vars(candidate)):
-                owner = candidate
-                break
-        if owner is None:
-            entry.notes.append(f"not in this release (no {' or '.join(homes)} with it)")
+    scheduler = module(BATCH) is not None
+    if not scheduler and mode is not Mode.OFF:
+        mode, reason = Mode.OFF, "no SGLang scheduler in this process: nothing to replace"
+    result = Plan(version, mode, scheduler=scheduler)
+    monitor.reset(mode, reason, version, scheduler)
+    if mode is Mode.OFF:
+        return result
+    for spot in HOTSPOTS.values():
+        entry = monitor.spot(spot.name)
+        found = _locate(spot, module, absent=import_modules or complete)
+        if isinstance(found, State):
+            entry.state = found
             continue
-        if cls_name is not None:
-            owner = getattr(owner, cls_name, None)
-            if not isinstance(owner, type):
-                entry.state = "left alone"
-                entry.notes.append(f"no class {cls_name}")
-                continue
-        fn = vars(owner).get(attr)
-        if fn is None:
-            entry.notes.append("not in this release")
-            continue
+        owner, fn = found
         why = _replaced(fn)
         if why is not None:
-            entry.state = "skipped"
-            entry.notes.append(why)
+            entry.state = State.SKIPPED
+            note(entry, NoteKind.INFO, why)
             continue
-        if mode == "shadow" and set(kinds) & kernels.WRITERS:
-            entry.state = "skipped"
-            entry.notes.append("changes the requests or the batch it is given, so it runs "
-                               "once, upstream's, in shadow mode")
+        if mode is Mode.SHADOW and spot.writes:
+            entry.state = State.SKIPPED
+            note(entry, NoteKind.INFO, "changes the requests or the batch it is given, so it "
+                                       "runs once, upstream's, in shadow mode")
             continue
-        entry.state = "left alone"  # unless _plan_one says otherwise
         try:
-            new = _plan_one(name, fn, kinds, entry)
+            new, analysis, swaps = _plan_one(spot, fn, entry)
         except rewrite.Unreadable as exc:
-            entry.state = "left alone"
-            entry.notes.append(str(exc))
+            entry.state = State.LEFT_ALONE
+            note(entry, NoteKind.UNREADABLE, str(exc))
             continue
         if new is None:
             continue
-        if mode == "shadow":
-            new = monitor.shadow(fn, new, name)
-        entry.state = "shadow" if mode == "shadow" else "replaced"
+        if mode is Mode.SHADOW:
+            new = monitor.shadow(fn, new, spot.name)
+        entry.state = State.SHADOW if mode is Mode.SHADOW else State.REPLACED
         qual = f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) \
             else owner.__name__
-        label = f"{cls_name}.{attr}" if cls_name is not None else attr
-        result.targets.append(Target(label, owner, attr, fn, _mark(new, fn, entry.patterns),
-                                     f"{qual}.{attr}"))
-        if name == "page_aligned_decode_alloc_lens" and isinstance(owner, types.ModuleType):
-            _plan_int32_callers(result, owner, fn, mode)
+        result.targets.append(Target(spot.qualname, spot.name, owner, spot.attr, fn,
+                                     _mark(new, fn, entry.patterns), f"{qual}.{spot.attr}",
+                                     swaps, analysis))
+        if spot.forms and isinstance(owner, types.ModuleType):
+            _plan_int32_callers(result, spot, owner, fn, mode)
     return result
+
+
+def _locate(spot: HotSpot, module: Callable[[str], types.ModuleType | None], absent: bool
+            ) -> tuple[Any, Any] | State:
+    """(owner, upstream's function), or the state that says why there is none
+    (``absent``: a module that is not there is not in the release)."""
+    loaded = absent
+    for home in spot.modules:
+        candidate = module(home)
+        if candidate is None:
+            continue
+        loaded = True
+        owner: Any = candidate
+        if spot.cls is not None:
+            owner = vars(candidate).get(spot.cls)
+            if not isinstance(owner, type):
+                continue
+        fn = vars(owner).get(spot.attr)
+        if fn is not None:
+            return owner, fn
+    return State.ABSENT if loaded else State.NOT_LOADED
 
 
 def _checked(fn: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], str | None]:
@@ -219,16 +199,19 @@ def _checked(fn: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], str | Non
     be a function kvest matched whole: (name -> object, or why not)."""
     checked: dict[str, Any] = {}
     for name in names:
-        if name not in patterns.SELECT:
+        helper = HELPERS.get(name)
+        if helper is None:
             continue  # a builtin: the glue compares it with the real one on every call
         value = fn.__globals__.get(name)
+        if value is None:
+            return checked, f"`{name}` is not defined where the statement reads it"
         try:
-            found = rewrite.analyse(value, [name])
+            found = rewrite.analyse(value, list(helper.kinds))
         except rewrite.Unreadable as exc:
-            return checked, f"{name}: {exc}"
+            return checked, f"`{name}` is not the helper kvest checked ({exc})"
         if not found.found:
-            return checked, f"{name} is not the function kvest matched: " + "; ".join(
-                found.notes)
+            return checked, f"`{name}` is not the helper kvest checked: " + "; ".join(
+                n.text for n in found.notes)
         checked[name] = value
         inner, why = _checked(value, found.found[0].pattern.globals)
         if why is not None:
@@ -237,56 +220,59 @@ def _checked(fn: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], str | Non
     return checked, None
 
 
-def _plan_one(name: str, fn: Any, kinds: tuple[str, ...], entry: monitor.Spot) -> Any:
-    analysis = rewrite.analyse(fn, list(kinds))
+def make_swap(found: rewrite.Found, spot: str, checked: dict[str, Any]) -> rewrite.Swap:
+    """The swap of one found statement: its kind's glue, counting into ``spot``."""
+    maker = getattr(glue, f"make_{found.pattern.kind}")
+    return rewrite.Swap(found, maker(found.pattern, spot, checked))
+
+
+def _plan_one(spot: HotSpot, fn: Any, entry: monitor.Spot
+              ) -> tuple[Any, rewrite.Analysis | None, list[rewrite.Swap]]:
+    analysis = rewrite.analyse(fn, list(spot.kinds))
     entry.notes += analysis.notes
     if not analysis.found:
-        if not analysis.candidates and not found_whole(kinds):
-            entry.state = "absent"  # the function has no such loop (any more, or yet)
-        return None
+        kinds = {n.kind for n in analysis.notes}
+        recognised = kinds - {NoteKind.OLDER_SHAPE, NoteKind.NO_STATEMENT}
+        entry.state = State.NOT_RECOGNISED if kinds and not recognised else State.LEFT_ALONE
+        return None, analysis, []
+    entry.state = State.LEFT_ALONE  # unless something is compiled below
     found = analysis.found[0]
     if found.pattern.whole:  # the whole function is the pattern: kvest's own version
         torch = fn.__globals__.get("torch")
         tensor = getattr(torch, "Tensor", None)
         if not isinstance(tensor, type):
-            entry.state = "skipped"
-            entry.notes.append("torch is not loaded")
-            return None
+            entry.state = State.SKIPPED
+            note(entry, NoteKind.INFO, "torch is not loaded")
+            return None, analysis, []
         entry.patterns.append(found.pattern.id)
-        return kernels.make_num_new_pages(fn, tensor, name)
+        return glue.make_num_new_pages(fn, found.pattern, tensor, spot.name), analysis, []
     swaps = []
     for found in analysis.found:
         checked, why = _checked(fn, found.pattern.globals)
         if why is not None:
-            entry.notes.append(f"line {found.stmt.lineno}: {why}; left alone")
+            note(entry, NoteKind.HELPER, f"line {found.stmt.lineno}: {why}")
             continue
-        maker, inputs, binds = kernels.GLUE[found.pattern.kind]
-        swaps.append(rewrite.Swap(found, maker(found.pattern, name, checked), inputs, binds,
-                                  kernels.READS.get(found.pattern.kind)))
+        swaps.append(make_swap(found, spot.name, checked))
         entry.patterns.append(f"{found.pattern.id} at line {found.stmt.lineno}")
     if not swaps:
-        return None
-    return rewrite.rebuild(analysis, swaps)
+        return None, analysis, []
+    return rewrite.rebuild(analysis, swaps, counter=entry), analysis, swaps
 
 
-def found_whole(kinds: tuple[str, ...]) -> bool:
-    """Whether the kinds are whole-function patterns (a function is always a candidate)."""
-    return any(patterns.SELECT[kind] is None for kind in kinds)
-
-
-def _plan_int32_callers(result: Plan, alloc: types.ModuleType, fn: Any, mode: str) -> None:
+def _plan_int32_callers(result: Plan, spot: HotSpot, alloc: types.ModuleType, fn: Any,
+                        mode: Mode) -> None:
     """Callers that turn both lists straight into int32 tensors get int32 arrays
     from kvest's version of the whole function, where the whole function matched."""
-    name = "page_aligned_decode_alloc_lens"
-    entry = monitor.spot(name)
+    entry = monitor.spot(spot.name)
     try:
-        whole = rewrite.analyse(fn, ["alloc_lens_function"])
+        whole = rewrite.analyse(fn, [form.kind for form in spot.forms])
     except rewrite.Unreadable:
         return
     if not whole.found:
-        entry.notes += [f"int32 arrays for callers: {n}" for n in whole.notes]
+        for n in whole.notes:
+            note(entry, NoteKind.CALLERS, f"no int32 arrays for its callers: {n.text}")
         return
-    layout = whole.found[0].pattern.layout
+    pattern = whole.found[0].pattern
     for mod_name, mod in sorted(sys.modules.items()):
         if mod is alloc or not isinstance(mod, types.ModuleType):
             continue
@@ -300,14 +286,14 @@ def _plan_int32_callers(result: Plan, alloc: types.ModuleType, fn: Any, mode: st
             short = mod_name.rsplit(".", 1)[-1]
             ok, why = _callers_take_int32_tensors(mod, attr)
             if not ok:
-                entry.notes.append(f"in {short}: {why}; keeps upstream's lists")
+                note(entry, NoteKind.CALLERS, f"in {short}: {why}; it keeps upstream's lists")
                 continue
-            new = kernels.make_alloc_lens_int32(fn, layout, name)
-            if mode == "shadow":
-                new = monitor.shadow(fn, new, name)
-            entry.patterns.append(f"{whole.found[0].pattern.id} (int32 arrays, in {short})")
-            result.targets.append(Target(f"{name} (in {short})", mod, attr, fn,
-                                         _mark(new, fn, [whole.found[0].pattern.id]), None))
+            new = glue.make_alloc_lens_int32(fn, pattern, spot.name)
+            if mode is Mode.SHADOW:
+                new = monitor.shadow(fn, new, spot.name)
+            entry.patterns.append(f"{pattern.id} (int32 arrays, in {short})")
+            result.targets.append(Target(f"{spot.attr} (in {short})", spot.name, mod, attr, fn,
+                                         _mark(new, fn, [pattern.id]), None))
 
 
 def _plain_function(value: Any) -> bool:

@@ -1,83 +1,155 @@
 """What kvest does in this SGLang process: :func:`status`, counters, shadow mode, the log line.
 
-Switch (``KVEST_SGLANG``, read once when the plugin loads):
+Switch (``KVEST_SGLANG``, read once when the plugin loads; :func:`switch`):
 
 - unset, ``1``/``on``/``true``/``yes``: kvest's kernels answer;
 - ``shadow``: kvest and upstream both run on every call, upstream's answer is
-  returned, and kvest counts calls, mismatches and time per hot spot; the
-  first mismatch of each hot spot is logged with what reproduces it;
+  returned, and kvest counts comparisons, mismatches and time per hot spot;
+  the first mismatch of each hot spot is logged with what reproduces it;
 - ``0``/``off``/``false``/``no``: SGLang's own code runs;
 - anything else: off, with a warning that quotes the value (the safe side is
   upstream's code).
 
-The status line is logged once per scheduler process on the first call of a
-replaced function -- by then SGLang has configured logging, which it does only
-after loading plugins -- as INFO, plus a WARNING for each hot spot left alone.
+Every hot spot of :mod:`kvest.sglang.registry` has one :class:`Spot` for the
+life of the process: a second ``patch()`` plans again into the same spots, so
+the glue already running keeps counting where :func:`status` reads.  Counters
+are per call of the hot-spot function: ``calls``, ``fallbacks`` (calls in which
+a kernel declined and upstream's statement answered), ``kernel`` (the rest).
 """
 
 from __future__ import annotations
 
 import atexit
-import copy
 import dataclasses
+import enum
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["Spot", "mode", "status"]
+from kvest.sglang.registry import ALLOC_SETTINGS_MODULES, HOTSPOTS, Note, NoteKind, State
+
+__all__ = ["Mode", "Spot", "Switch", "status", "switch"]
 
 logger = logging.getLogger("kvest.sglang")
 
 _ON = frozenset({"", "1", "on", "true", "yes", "y", "t"})
 _OFF = frozenset({"0", "off", "false", "no", "n", "f"})
 SUMMARY_EVERY = 600.0  # seconds between shadow-mode summaries
+SAMPLES = 1024  # timings kept per side and hot spot (the most recent)
 
 
-def mode(environ: dict[str, str] | None = None) -> tuple[str, str | None]:
-    """``("on" | "shadow" | "off", warning or None)`` from ``KVEST_SGLANG``."""
+class Mode(enum.Enum):
+    ON = "on"
+    SHADOW = "shadow"
+    OFF = "off"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Switch(NamedTuple):
+    """What ``KVEST_SGLANG`` says: the mode, why (in words), and a warning where
+    the value could not be read."""
+
+    mode: Mode
+    reason: str
+    warning: str | None = None
+
+
+def switch(environ: dict[str, str] | None = None) -> Switch:
+    """The mode ``KVEST_SGLANG`` asks for, and why."""
     raw = (os.environ if environ is None else environ).get("KVEST_SGLANG")
     if raw is None:
-        return "on", None
+        return Switch(Mode.ON, "KVEST_SGLANG is not set: on by default")
     value = raw.strip().lower()
     if value in _ON:
-        return "on", None
+        return Switch(Mode.ON, f"KVEST_SGLANG={raw!r}")
     if value == "shadow":
-        return "shadow", None
+        return Switch(Mode.SHADOW, f"KVEST_SGLANG={raw!r}")
     if value in _OFF:
-        return "off", None
-    return "off", (f"KVEST_SGLANG={raw!r} is not one of 1/on, shadow, 0/off: kvest is off "
-                   "and SGLang runs its own code")
+        return Switch(Mode.OFF, f"KVEST_SGLANG={raw!r} turns kvest off")
+    why = (f"KVEST_SGLANG={raw!r} is not one of 1/on, shadow, 0/off: kvest is off and "
+           "SGLang runs its own code")
+    return Switch(Mode.OFF, why, why)
 
 
-@dataclasses.dataclass
+class Samples:
+    """The most recent :data:`SAMPLES` timings of one side, in nanoseconds."""
+
+    __slots__ = ("count", "values")
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+        self.count = 0
+
+    def add(self, ns: int) -> None:
+        if len(self.values) < SAMPLES:
+            self.values.append(ns)
+        else:
+            self.values[self.count % SAMPLES] = ns
+        self.count += 1
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile in microseconds (nearest rank), ``None`` with no sample."""
+        if not self.values:
+            return None
+        ordered = sorted(self.values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e3
+
+
+@dataclasses.dataclass(eq=False)
 class Spot:
     """One hot spot: what kvest did with it and what happened since."""
 
     name: str
-    # "replaced", "shadow", "left alone" (code kvest did not match), "skipped"
-    # (someone else's hook there already, torch not loaded) or "absent"
-    state: str = "absent"
+    state: State = State.NOT_LOADED
     patterns: list[str] = dataclasses.field(default_factory=list)
-    notes: list[str] = dataclasses.field(default_factory=list)
-    kernel: int = 0  # calls a kernel answered
-    fallbacks: int = 0  # calls where the kernel declined and upstream's code answered
-    shadow_calls: int = 0
+    notes: list[Note] = dataclasses.field(default_factory=list)
+    calls: int = 0
+    fallbacks: int = 0
+    last_fallback: int = -1  # the call in which a decline was last counted
+    compared: int = 0  # shadow mode
     mismatches: int = 0
-    kvest_ns: int = 0
-    upstream_ns: int = 0
     first_mismatch: str | None = None
+    kvest_ns: Samples = dataclasses.field(default_factory=Samples)
+    upstream_ns: Samples = dataclasses.field(default_factory=Samples)
+
+    @property
+    def declines(self) -> list[Note]:
+        """The notes that say compiled code of this hot spot was left to upstream."""
+        return [n for n in self.notes if n.kind.declines]
+
+    @property
+    def reason(self) -> str | None:
+        """Why the hot spot, or a statement of it, is not compiled, in words
+        (``None`` where all of it is)."""
+        if self.state in (State.REPLACED, State.SHADOW):
+            return "; ".join(dict.fromkeys(n.text for n in self.declines)) or None
+        if self.notes:
+            wanted = self.declines or self.notes
+            return "; ".join(dict.fromkeys(n.text for n in wanted))
+        return _STATE_REASONS.get(self.state)
+
+
+_STATE_REASONS = {
+    State.NOT_LOADED: "its module is not imported in this process",
+    State.ABSENT: "not in this release",
+    State.OFF: "kvest is off",
+}
 
 
 class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.mode = "off"
+        self.mode = Mode.OFF
+        self.reason = "kvest's SGLang plugin has not run in this process"
+        self.loaded = False  # the plugin or patch() ran
         self.sglang = "unknown"
         self.scheduler = False
-        self.spots: dict[str, Spot] = {}
+        self.spots: dict[str, Spot] = {name: Spot(name) for name in HOTSPOTS}
         self.announced = False
         self.last_summary = time.monotonic()
         self.atexit = False
@@ -87,43 +159,93 @@ class _State:
 
 
 STATE = _State()
+_side = threading.local()  # which side a shadow call is running on this thread
 
 
-def reset(mode_: str, sglang: str, scheduler: bool) -> None:
-    STATE.mode, STATE.sglang, STATE.scheduler = mode_, sglang, scheduler
-    STATE.spots = {}
-    STATE.announced = False
-    STATE.hooked = []
+def reset(mode: Mode, reason: str, sglang: str, scheduler: bool) -> None:
+    """A new plan: every hot spot's state and notes start again; counters go on."""
+    with STATE.lock:
+        STATE.mode, STATE.reason = mode, reason
+        STATE.sglang, STATE.scheduler, STATE.loaded = sglang, scheduler, True
+        STATE.announced = False
+        STATE.hooked = []
+        first = State.OFF if mode is Mode.OFF else State.NOT_LOADED
+        for entry in STATE.spots.values():
+            entry.state, entry.patterns, entry.notes = first, [], []
+
+
+def failed(why: str) -> None:
+    """Planning failed (kvest's own error): SGLang runs its own code, and says why."""
+    reset(Mode.OFF, f"kvest failed while planning, SGLang runs its own code: {why}",
+          STATE.sglang, STATE.scheduler)
+
+
+def undone(names: set[str]) -> None:
+    """``patch()``'s undo put upstream's functions back."""
+    with STATE.lock:
+        for name in names:
+            entry = STATE.spots[name]
+            entry.state, entry.patterns = State.OFF, []
+            entry.notes = [Note(NoteKind.INFO, "kvest.sglang.patch() was undone")]
 
 
 def spot(name: str) -> Spot:
     found = STATE.spots.get(name)
     if found is None:
-        found = STATE.spots[name] = Spot(name)
+        with STATE.lock:
+            found = STATE.spots.setdefault(name, Spot(name))
     return found
 
 
+def plugins_reason() -> str | None:
+    allowed = os.environ.get("SGLANG_PLUGINS", "").strip()
+    if allowed and "kvest" not in [p.strip() for p in allowed.split(",")]:
+        return f"SGLANG_PLUGINS={allowed!r} does not list kvest"
+    return None
+
+
 def status() -> dict[str, Any]:
-    """A snapshot: ``mode``, ``sglang`` (its version), ``scheduler`` (whether
-    this process runs SGLang's scheduler), and per hot spot its ``state``
-    (replaced, shadow, left alone, skipped, absent), the ``patterns`` compiled, the
-    ``notes`` (why anything was left alone), and the counters: ``kernel``
-    answers, ``fallbacks`` to upstream's code, ``shadow_calls``,
-    ``mismatches``, ``kvest_ns`` and ``upstream_ns`` (shadow mode), and the
-    ``first_mismatch``."""
+    """A snapshot of what kvest does in this process (the keys are documented
+    in docs/sglang.md and never change):
+
+    ``kvest`` (its version), ``implementation``, ``sglang`` (its version),
+    ``mode`` (on, shadow, off), ``reason`` (why that mode, in words),
+    ``scheduler`` (whether this process runs SGLang's scheduler), and per hot
+    spot of the registry, in every mode: ``state``, ``reason`` (why it, or a
+    statement of it, is not compiled; ``None`` where all of it is), ``patterns`` (compiled), ``notes``,
+    ``calls``, ``kernel``, ``fallbacks``, and ``shadow``: ``compared``,
+    ``mismatches``, ``kvest_us`` and ``upstream_us`` (``median`` and ``p99`` of
+    the recent calls), ``ratio`` (upstream's median over kvest's) and
+    ``first_mismatch``.
+    """
+    import kvest
+
     with STATE.lock:
+        reason = STATE.reason
+        if not STATE.loaded:
+            reason = plugins_reason() or reason
         return {
-            "mode": STATE.mode, "sglang": STATE.sglang, "scheduler": STATE.scheduler,
-            "hotspots": {name: dataclasses.asdict(copy.deepcopy(s))
-                         for name, s in STATE.spots.items()},
+            "kvest": kvest.__version__, "implementation": kvest.IMPLEMENTATION,
+            "sglang": STATE.sglang, "mode": STATE.mode.value, "reason": reason,
+            "scheduler": STATE.scheduler,
+            "hotspots": {name: _entry(s) for name, s in list(STATE.spots.items())},
         }
 
 
-def left_alone(spot: Spot) -> list[str]:
-    """The notes of ``spot`` that say some of its code was left alone."""
-    if spot.state == "left alone":
-        return spot.notes or ["no pattern kvest ships"]
-    return [n for n in spot.notes if n.endswith("left alone")]
+def _entry(s: Spot) -> dict[str, Any]:
+    calls, fallbacks = s.calls, s.fallbacks
+    kvest_us = {"median": s.kvest_ns.quantile(0.5), "p99": s.kvest_ns.quantile(0.99)}
+    upstream_us = {"median": s.upstream_ns.quantile(0.5), "p99": s.upstream_ns.quantile(0.99)}
+    ratio = (upstream_us["median"] / kvest_us["median"]
+             if kvest_us["median"] and upstream_us["median"] is not None else None)
+    return {
+        "state": s.state.value, "reason": s.reason, "patterns": list(s.patterns),
+        "notes": [n.text for n in s.notes],
+        "calls": calls, "kernel": max(0, calls - fallbacks), "fallbacks": fallbacks,
+        "shadow": {"compared": s.compared, "mismatches": s.mismatches, "kvest_us": kvest_us,
+                   "upstream_us": upstream_us, "ratio": ratio,
+                   "first_mismatch": s.first_mismatch},
+    }
 
 
 def describe() -> list[tuple[int, str]]:
@@ -131,21 +253,26 @@ def describe() -> list[tuple[int, str]]:
     import kvest
 
     spots = list(STATE.spots.values())
-    done = [s for s in spots if s.state in ("replaced", "shadow")]
-    left = [s for s in spots if left_alone(s)]
+    done = [s for s in spots if s.state in (State.REPLACED, State.SHADOW)]
     head = (f"kvest {kvest.__version__} ({kvest.IMPLEMENTATION}), sglang {STATE.sglang}, "
-            f"mode {STATE.mode}: ")
-    head += ("; ".join(f"{s.name} {s.state} ({', '.join(s.patterns)})" for s in done)
-             or "nothing replaced")
+            f"mode {STATE.mode} ({STATE.reason}): ")
+    if STATE.mode is Mode.OFF or not STATE.scheduler:
+        head += "nothing replaced"
+    else:
+        head += ("; ".join(f"{s.name} {s.state} ({', '.join(s.patterns)})" for s in done)
+                 or "nothing replaced")
+    older = [s.name for s in spots if s.state is State.NOT_RECOGNISED]
+    if older and STATE.mode is not Mode.OFF:
+        head += f"; not recognised in this release (its own older code): {', '.join(older)}"
     records = [(logging.INFO, head)]
-    for s in left:
-        records += [(logging.WARNING, f"kvest: {s.name} left alone: {note}")
-                    for note in left_alone(s)]
+    for s in spots:
+        for note_ in s.declines:
+            records.append((logging.WARNING, f"kvest: {s.name} left alone: {note_.text}"))
     return records
 
 
 def announce() -> None:
-    """Log the status line (once per process; called on a replaced function's first call)."""
+    """Log the status line (once per process)."""
     with STATE.lock:
         if STATE.announced:
             return
@@ -153,7 +280,7 @@ def announce() -> None:
     _name_hook_wrappers()
     for level, message in describe():
         logger.log(level, "%s", message)
-    if STATE.mode == "shadow" and not STATE.atexit:
+    if STATE.mode is Mode.SHADOW and not STATE.atexit:
         STATE.atexit = True
         atexit.register(summary)
 
@@ -172,14 +299,21 @@ def _name_hook_wrappers() -> None:
             bound.__kvest_original__ = original
 
 
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def summary() -> None:
-    """Log the shadow-mode counters (periodically, and at exit)."""
+    """Log the shadow-mode counters (periodically, and at exit): medians and
+    99th percentiles of the recent calls, so that one slow call decides nothing."""
     STATE.last_summary = time.monotonic()
-    for s in STATE.spots.values():
-        if s.shadow_calls:
-            logger.info("kvest shadow: %s: %d calls, %d mismatches, kvest %.1f us/call, "
-                        "upstream %.1f us/call", s.name, s.shadow_calls, s.mismatches,
-                        s.kvest_ns / s.shadow_calls / 1e3, s.upstream_ns / s.shadow_calls / 1e3)
+    for s in list(STATE.spots.values()):
+        if s.compared:
+            k, u = s.kvest_ns, s.upstream_ns
+            logger.info("kvest shadow: %s: %d compared, %d mismatches; kvest median %s us "
+                        "(p99 %s), upstream median %s us (p99 %s)", s.name, s.compared,
+                        s.mismatches, _us(k.quantile(0.5)), _us(k.quantile(0.99)),
+                        _us(u.quantile(0.5)), _us(u.quantile(0.99)))
 
 
 def _comparable(value: Any) -> Any:
@@ -204,27 +338,42 @@ def _outcome(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
 def shadow(original: Callable[..., Any], replaced: Callable[..., Any], name: str
            ) -> Callable[..., Any]:
     """``original`` and ``replaced`` both run, ``original``'s answer is returned
-    (both are pure: they only read their inputs)."""
+    (both only read their inputs).  A shadowed hot spot called from inside
+    another one's shadow call runs the side its caller is running, once: each
+    outer call is compared once, and counted once."""
     entry = spot(name)
 
     def shadowed(*args: Any, **kwargs: Any) -> Any:
+        side = getattr(_side, "name", None)
+        if side is not None:
+            return (replaced if side == "kvest" else original)(*args, **kwargs)
         if not STATE.announced:
             announce()
-        value, error, upstream_ns = _outcome(original, args, kwargs)
-        mine, mine_error, kvest_ns = _outcome(replaced, args, kwargs)
-        entry.shadow_calls += 1
-        entry.upstream_ns += upstream_ns
-        entry.kvest_ns += kvest_ns
-        same = (type(error) is type(mine_error) and str(error) == str(mine_error)
-                if error is not None or mine_error is not None
-                else _comparable(value) == _comparable(mine))
+        try:
+            _side.name = "upstream"
+            value, error, upstream_ns = _outcome(original, args, kwargs)
+            _side.name = "kvest"
+            mine, mine_error, kvest_ns = _outcome(replaced, args, kwargs)
+        finally:
+            _side.name = None
+        entry.compared += 1
+        entry.upstream_ns.add(upstream_ns)
+        entry.kvest_ns.add(kvest_ns)
+        try:
+            same = (type(error) is type(mine_error) and str(error) == str(mine_error)
+                    if error is not None or mine_error is not None
+                    else _comparable(value) == _comparable(mine))
+        except Exception:
+            same = False
         if not same:
             entry.mismatches += 1
             if entry.first_mismatch is None:
-                entry.first_mismatch = _reproduction(args, kwargs, value, error, mine,
-                                                     mine_error)
-                logger.warning("kvest shadow: first mismatch in %s: %s", name,
-                               entry.first_mismatch)
+                try:  # the report reads the arguments again: it must never raise
+                    report = _reproduction(args, kwargs, value, error, mine, mine_error)
+                except Exception as exc:
+                    report = f"(no reproduction: reading the arguments raised {exc!r})"
+                entry.first_mismatch = report
+                logger.warning("kvest shadow: first mismatch in %s: %s", name, report)
         if time.monotonic() - STATE.last_summary > SUMMARY_EVERY:
             summary()
         if error is not None:
@@ -260,22 +409,24 @@ def _reproduction(args: tuple[Any, ...], kwargs: dict[str, Any], value: Any,
     kvest_side = repr(mine_error) if mine_error is not None else repr(_comparable(mine))
     inputs = {"args": [_lengths(a) for a in args],
               "kwargs": {k: _lengths(v) for k, v in kwargs.items()}}
-    config = _config()
     return (f"upstream {upstream[:200]}, kvest {kvest_side[:200]}; inputs (committed, "
-            f"allocated) {str(inputs)[:2000]}; config {config}")
+            f"allocated) {str(inputs)[:2000]}{_config()}")
 
 
 def _config() -> str:
-    """The speculative settings upstream read, where a release exposes them."""
+    """The speculative settings upstream read, where the release can say them
+    (nothing where it cannot: a server without speculation publishes none)."""
     import sys
 
-    for name in ("sglang.srt.mem_cache.allocation_sizing", "sglang.srt.mem_cache.common",
-                 "sglang.srt.managers.utils"):
-        module = sys.modules.get(name)
-        fn = getattr(module, "get_alloc_len_per_decode", None)
+    for name in ALLOC_SETTINGS_MODULES:
+        fn = getattr(sys.modules.get(name), "get_alloc_len_per_decode", None)
         if callable(fn):
             try:
-                return f"get_alloc_len_per_decode() = {fn()}"
-            except Exception as exc:
-                return f"get_alloc_len_per_decode() raised {exc!r}"
-    return "unknown"
+                return f"; config get_alloc_len_per_decode() = {fn()}"
+            except Exception:
+                return ""
+    return ""
+
+
+def note(entry: Spot, kind: NoteKind, text: str) -> None:
+    entry.notes.append(Note(kind, text))

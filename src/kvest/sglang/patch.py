@@ -22,7 +22,9 @@ import types
 import warnings
 from typing import Any
 
+from kvest.sglang import monitor
 from kvest.sglang.hotspots import Plan, Target, plan
+from kvest.sglang.monitor import Mode
 
 __all__ = ["Patch", "apply", "patch"]
 
@@ -47,6 +49,8 @@ class Patch:
         for owner, attr, old, new in reversed(changes):
             if vars(owner).get(attr) is new:
                 setattr(owner, attr, old)
+        if changes:
+            monitor.undone({target.spot for target in self.plan.targets})
 
     __call__ = undo
 
@@ -96,7 +100,8 @@ def patch(shadow: bool = False) -> Patch:
     saying why.  With ``shadow=True`` kvest runs beside upstream and upstream
     answers (see :mod:`kvest.sglang.monitor`).
     """
-    found = plan(import_modules=True, mode="shadow" if shadow else "on")
+    found = plan(import_modules=True, mode=Mode.SHADOW if shadow else Mode.ON,
+                 reason="kvest.sglang.patch(shadow=True)" if shadow else "kvest.sglang.patch()")
     for problem in found.problems:
         warnings.warn(f"kvest.sglang: left unpatched: {problem}", RuntimeWarning, stacklevel=2)
     return Patch(found, apply(found.targets))

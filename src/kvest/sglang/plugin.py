@@ -41,20 +41,16 @@ def _registry() -> tuple[Any, Any] | None:
 
 def load() -> None:
     """Register kvest's replacements with SGLang (called by ``load_plugins()``)."""
-    mode, warning = monitor.mode()
-    if warning is not None:
+    choice = monitor.switch()
+    if choice.warning is not None:
         # Logging is not configured yet in a scheduler process: stderr too.
-        warnings.warn(f"kvest: {warning}", RuntimeWarning, stacklevel=2)
-        logger.warning("kvest: %s", warning)
-    if mode == "off":
-        monitor.reset("off", "unknown", False)
-        logger.info("kvest: off (KVEST_SGLANG): SGLang runs its own bookkeeping")
-        return
+        warnings.warn(f"kvest: {choice.warning}", RuntimeWarning, stacklevel=2)
+        logger.warning("kvest: %s", choice.warning)
     try:
         from kvest.sglang.hotspots import plan
         from kvest.sglang.patch import apply
 
-        found = plan(import_modules=False, mode=mode)
+        found = plan(import_modules=False, mode=choice.mode, reason=choice.reason)
         if not found.scheduler:
             logger.debug("kvest: no SGLang scheduler in this process; nothing to do")
             return
@@ -71,6 +67,7 @@ def load() -> None:
                 direct.append(target)
         apply(direct)
     except Exception as exc:  # never break SGLang's start-up
+        monitor.failed(f"{type(exc).__name__}: {exc}")
         logger.warning("kvest: SGLang left unpatched: %s: %s", type(exc).__name__, exc)
         return
     if not found.targets:

@@ -5,19 +5,23 @@ the code that runs (compiled again, the code objects must be equal), and
 finds every statement whose fingerprint is a pattern kvest ships.  A pattern
 counts only if the loop's own variables are not read elsewhere in the
 function and the function does not read its own frame (``locals()``,
-``vars()``, ``eval``, ``exec``).  :func:`rebuild` then compiles the function
-again from that source with each matched statement ``S`` replaced by::
+``vars()``, ``globals()``, ``eval``, ``exec``, ``sys._getframe``,
+``inspect.currentframe``).  :func:`rebuild` then compiles the function again
+from that source with each matched statement ``S`` replaced by::
 
-    try:
-        <what S binds> = <kernel>(<S's inputs>, <the global names S reads>)
-    except Declined:
+    __kvest_result__ = <glue>(<S's inputs>, <the global names S reads>)
+    if __kvest_result__ is DECLINED:
         S
+    else:
+        <what S binds> = __kvest_result__
 
 so everything else in the function is upstream's, byte for byte, and
-whenever the kernel declines an input upstream's own statement runs.  The
-global names (``sum``, ``max``, ``ceil_align``) are evaluated where ``S``
-would evaluate them and handed to the kernel, which declines unless they are
-the objects it checked.  A statement that looks like a pattern but differs is
+whenever the kernel declines an input upstream's own statement runs -- outside
+any handler, so that its exceptions are upstream's alone.  The global names
+(``sum``, ``max``, ``ceil_align``) are evaluated where ``S`` would evaluate
+them and handed to the glue, which declines unless they are the objects it
+checked.  The function's first statement counts the call
+(:class:`kvest.sglang.monitor.Spot`).  A statement that looks like a pattern but differs is
 left alone, with what differs (:func:`near_misses`).
 """
 
@@ -33,18 +37,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvest.sglang import fingerprint, patterns
+from kvest.sglang.glue import DECLINED
 from kvest.sglang.patterns import Pattern
+from kvest.sglang.registry import KINDS, Note, NoteKind
 
-__all__ = ["Analysis", "Declined", "Found", "Unreadable", "analyse", "module_imports", "rebuild"]
+__all__ = ["Analysis", "Found", "Unreadable", "analyse", "module_imports", "rebuild"]
 
 _FUTURE_FLAGS = 0
 for _name in __future__.all_feature_names:
     _FUTURE_FLAGS |= getattr(__future__, _name).compiler_flag
+# Names by which a function can read or change its own frame's variables.
 _FRAME_READERS = frozenset({"locals", "vars", "eval", "exec", "globals"})
-
-
-class Declined(Exception):
-    """Raised by a kernel's glue: upstream's own statement answers instead."""
+_FRAME_ATTRIBUTES = frozenset({"_getframe", "currentframe"})
 
 
 class Unreadable(Exception):
@@ -72,7 +76,7 @@ class Analysis:
     owner: str | None  # the class of a method
     imports: list[ast.stmt]  # the module's import statements (compiled along)
     found: list[Found]
-    notes: list[str]  # why a statement that looks like a pattern was left alone
+    notes: list[Note]  # why a statement that looks like a pattern was left alone
     candidates: int = 0  # statements of the kinds' shape found (matched or not)
 
 
@@ -136,29 +140,33 @@ def _compile(node: ast.FunctionDef, filename: str, owner: str | None, flags: int
     ast.copy_location(inner, node)
     ast.fix_missing_locations(module)
     code = compile(module, filename, "exec", flags=flags, dont_inherit=True)
-    found = _code_named(code, node.name, node.lineno)
+    found = _code_named(code, node.name)
     if found is None:
         raise Unreadable(f"compiling {node.name} again did not give its code")
     return found
 
 
-def _code_named(code: types.CodeType, name: str, lineno: int) -> types.CodeType | None:
+def _code_named(code: types.CodeType, name: str) -> types.CodeType | None:
     """The code object compiled for the function ``name`` (the only function of
     that name in the module :func:`_compile` builds, but for nested ones)."""
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             if const.co_name == name:
                 return const
-            deeper = _code_named(const, name, lineno)
+            deeper = _code_named(const, name)
             if deeper is not None:
                 return deeper
     return None
 
 
 def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    # Every field that changes what the code does, or what a traceback or a
+    # handler sees (the exception table, the line table).
     fields = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars",
-              "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_flags")
-    if any(getattr(a, f) != getattr(b, f) for f in fields) or len(a.co_consts) != len(
+              "co_argcount", "co_posonlyargcount", "co_kwonlyargcount", "co_flags",
+              "co_nlocals", "co_stacksize", "co_firstlineno", "co_name", "co_qualname",
+              "co_exceptiontable", "co_linetable", "co_lnotab")
+    if any(getattr(a, f, None) != getattr(b, f, None) for f in fields) or len(a.co_consts) != len(
             b.co_consts):
         return False
     for x, y in zip(a.co_consts, b.co_consts, strict=True):
@@ -189,13 +197,15 @@ def analyse(fn: Any, kinds: list[str]) -> Analysis:
                          "that runs (the file changed after import, or the function was "
                          "made some other way)")
     analysis = Analysis(fn, node, filename, owner, imports, [], [])
-    if any(isinstance(n, ast.Name) and n.id in _FRAME_READERS for n in ast.walk(node)):
-        analysis.notes.append(f"{fn.__qualname__} reads its own frame; left alone")
+    if any((isinstance(n, ast.Name) and n.id in _FRAME_READERS)
+           or (isinstance(n, ast.Attribute) and n.attr in _FRAME_ATTRIBUTES)
+           for n in ast.walk(node)):
+        analysis.notes.append(Note(NoteKind.FRAME, f"{fn.__qualname__} reads its own frame"))
         return analysis
     local = fingerprint.function_locals(node)
     for kind in kinds:
         accepted = {p.digest: p for p in patterns.by_kind(kind)}
-        select = patterns.SELECT[kind]
+        select = KINDS[kind].select
         if select is None:
             whole = fingerprint.print_function(node)
             pattern = accepted.get(whole.digest)
@@ -216,18 +226,25 @@ def analyse(fn: Any, kinds: list[str]) -> Analysis:
                 continue
             leak = _scratch_used_elsewhere(node, stmt, pattern, printed)
             if leak:
-                analysis.notes.append(
+                analysis.notes.append(Note(NoteKind.SCRATCH, (
                     f"{fn.__qualname__}: the {kind} loop at line {stmt.lineno} equals "
-                    f"pattern {pattern.id}, but its variable {leak!r} is used outside it; "
-                    "left alone")
+                    f"pattern {pattern.id}, but its variable {leak!r} is used outside it")))
                 continue
             hits.append(Found(pattern, stmt, printed))
         analysis.found += hits
         if not candidates:
-            analysis.notes.append(f"{fn.__qualname__}: no {kind} statement here")
+            analysis.notes.append(Note(NoteKind.NO_STATEMENT,
+                                       f"{fn.__qualname__}: no {kind} statement here"))
         if not hits:
             for printed, stmt in misses:
-                analysis.notes.append(_near_miss(fn, printed, accepted, stmt))
+                shape = patterns.older().get(printed.digest)
+                if shape is not None and shape.kind == kind:
+                    analysis.notes.append(Note(NoteKind.OLDER_SHAPE, (
+                        f"{fn.__qualname__}: the {kind} statement at line {stmt.lineno} is "
+                        f"the shape of releases {shape.seen()}, which kvest has no kernel "
+                        "for")))
+                else:
+                    analysis.notes.append(_near_miss(fn, printed, accepted, stmt))
     return analysis
 
 
@@ -267,10 +284,10 @@ def _same_scope_names(fn: ast.FunctionDef, names: set[str]) -> Iterator[ast.Name
 
 
 def _near_miss(fn: Any, got: fingerprint.Print, accepted: dict[str, Pattern],
-               node: ast.AST) -> str:
+               node: ast.AST) -> Note:
     """Why ``got`` is not one of ``accepted``: the nearest pattern and where it differs."""
     if not accepted:
-        return f"{fn.__qualname__}: kvest ships no pattern for it; left alone"
+        return Note(NoteKind.OLDER_SHAPE, f"{fn.__qualname__}: kvest ships no pattern for it")
 
     def agreement(p: Pattern) -> int:
         return sum(got.nodes.get(path) == digest for path, digest in p.nodes.items())
@@ -284,9 +301,9 @@ def _near_miss(fn: Any, got: fingerprint.Print, accepted: dict[str, Pattern],
     where = got.at.get(path, node)
     if isinstance(where, (ast.FunctionDef, ast.AsyncFunctionDef)):
         line = getattr(node, "lineno", "?")
-        return (f"{fn.__qualname__}: the function (line {line}) differs from kvest's "
-                f"whole-function pattern {nearest.id} (seen in {nearest.seen()}): it was "
-                "edited; left alone")
+        return Note(NoteKind.EDITED, (
+            f"{fn.__qualname__}: the function (line {line}) differs from kvest's "
+            f"whole-function pattern {nearest.id} (seen in {nearest.seen()})"))
     try:
         text = ast.unparse(where)
     except Exception:  # pragma: no cover - unparse handles every node ast makes
@@ -294,34 +311,30 @@ def _near_miss(fn: Any, got: fingerprint.Print, accepted: dict[str, Pattern],
     if len(text) > 120:
         text = text[:117] + "..."
     line = getattr(where, "lineno", getattr(node, "lineno", "?"))
-    return (f"{fn.__qualname__}: line {line} differs from kvest's pattern {nearest.id} "
-            f"(seen in {nearest.seen()}) at `{text}`; left alone")
+    return Note(NoteKind.EDITED, (
+        f"{fn.__qualname__}: line {line} differs from kvest's pattern {nearest.id} "
+        f"(seen in {nearest.seen()}) at `{text}`"))
 
 
 # ------------------------------------------------------------------ rebuilding
 
 @dataclasses.dataclass
 class Swap:
-    """How one found statement is replaced: the kernel's glue (called with the
-    pattern's inputs, then the global names it reads) and what it binds."""
+    """One found statement and the glue that answers for it (called with the
+    kind's inputs, then the global names it reads: :class:`~kvest.sglang.registry.Kind`)."""
 
     found: Found
     glue: Callable[..., Any]
-    inputs: tuple[str, ...]  # roles passed, in order
-    # the role assigned from the glue's result; None: ``return`` it; "": neither
-    binds: str | None
-    # the global names passed after the inputs (None: every global the statement
-    # reads); a name read only on a path the kernel never takes is not passed,
-    # so that reading it cannot raise where upstream's statement would not
-    reads: tuple[str, ...] | None = None
 
 
-def rebuild(analysis: Analysis, swaps: list[Swap]) -> types.FunctionType:
-    """``analysis.fn`` compiled again with each swap made (see the module docstring)."""
+def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types.FunctionType:
+    """``analysis.fn`` compiled again with each swap made (see the module
+    docstring); with ``counter``, the function's first statement is
+    ``counter.calls += 1``."""
     fn = analysis.fn
     node = copy.deepcopy(analysis.node)
     node.decorator_list = []  # already applied to the function running; not re-run
-    cells: dict[str, Any] = {"__kvest_declined__": Declined}
+    cells: dict[str, Any] = {"__kvest_declined__": DECLINED}
     by_position = {}
     for index, swap in enumerate(swaps):
         cell = f"__kvest_glue{index}__"
@@ -339,25 +352,35 @@ def rebuild(analysis: Analysis, swaps: list[Swap]) -> types.FunctionType:
                 return super().generic_visit(node)
             swap, cell = hit
             found = swap.found
-            args: list[ast.expr] = [ast.Name(found.name(r), ast.Load()) for r in swap.inputs]
-            reads = found.pattern.globals if swap.reads is None else swap.reads
+            kind = KINDS[found.pattern.kind]
+            args: list[ast.expr] = [ast.Name(found.name(r), ast.Load()) for r in kind.inputs]
+            reads = found.pattern.globals if kind.reads is None else kind.reads
             args += [ast.Name(g, ast.Load()) for g in reads]
-            call = ast.Call(ast.Name(cell, ast.Load()), args, [])
-            first: ast.stmt
-            if swap.binds is None:
-                first = ast.Return(call)
-            elif not swap.binds:
-                first = ast.Expr(call)
-            else:
-                first = ast.Assign([ast.Name(found.name(swap.binds), ast.Store())], call)
-            handler = ast.ExceptHandler(ast.Name("__kvest_declined__", ast.Load()), None,
-                                        [node])
-            new = ast.Try(body=[first], handlers=[handler], orelse=[], finalbody=[])
-            ast.copy_location(first, node)
-            ast.copy_location(new, node)
-            return ast.fix_missing_locations(new)
+            result = "__kvest_result__"
+            call = ast.Assign([ast.Name(result, ast.Store())],
+                              ast.Call(ast.Name(cell, ast.Load()), args, []))
+            answer: list[ast.stmt] = []
+            if kind.binds is None:
+                answer = [ast.Return(ast.Name(result, ast.Load()))]
+            elif kind.binds:
+                answer = [ast.Assign([ast.Name(found.name(kind.binds), ast.Store())],
+                                     ast.Name(result, ast.Load()))]
+            test = ast.Compare(ast.Name(result, ast.Load()), [ast.Is()],
+                               [ast.Name("__kvest_declined__", ast.Load())])
+            branch = ast.If(test, [node], answer)
+            for new in (call, branch, *answer):
+                ast.copy_location(new, node)
+            return [ast.fix_missing_locations(call),  # type: ignore[return-value]
+                    ast.fix_missing_locations(branch)]
 
     node = Swapper().visit(node)
+    if counter is not None:
+        cells["__kvest_spot__"] = counter
+        count = ast.AugAssign(ast.Attribute(ast.Name("__kvest_spot__", ast.Load()), "calls",
+                                            ast.Store()), ast.Add(), ast.Constant(1))
+        ast.copy_location(count, node.body[0])
+        docstring = int(fingerprint.has_docstring(node))
+        node.body.insert(docstring, ast.fix_missing_locations(count))
     flags = fn.__code__.co_flags & _FUTURE_FLAGS
     original_free = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
     code = _compile(node, analysis.filename, analysis.owner, flags, analysis.imports,

@@ -33,6 +33,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kvest.sglang import registry
+
 __all__ = [
     "Config",
     "SourceTree",
@@ -42,47 +44,23 @@ __all__ = [
     "wheel",
 ]
 
-# The files the bookkeeping lives in across releases (whichever exist).
-FILES = (
-    "sglang/version.py",
-    "sglang/srt/managers/schedule_batch.py",
-    "sglang/srt/managers/utils.py",
-    "sglang/srt/mem_cache/common.py",
-    "sglang/srt/mem_cache/allocation_sizing.py",
-    "sglang/srt/mem_cache/allocation.py",
-    "sglang/srt/utils/common.py",
-    "sglang/srt/beam_search/batch_tail.py",
-    "sglang/srt/speculative/eagle_utils.py",
-    "sglang/srt/speculative/dflash_info_v2.py",
-    "sglang/srt/speculative/uno_info.py",
-    "sglang/srt/plugins/__init__.py",
-    "sglang/srt/plugins/hook_registry.py",
-)
-# Where get_alloc_len_per_decode & co. have lived, newest first.
-ALLOC_FILES = (
-    "sglang/srt/mem_cache/allocation_sizing.py",
-    "sglang/srt/mem_cache/common.py",
-    "sglang/srt/managers/utils.py",
-)
-ALLOC_FUNCTIONS = (
-    "get_alloc_page_size",
-    "get_alloc_len_per_decode",
-    "get_alloc_reserve_per_decode",
-    "page_aligned_decode_alloc_lens",
-)
-# Callers of page_aligned_decode_alloc_lens whose modules get stand-ins.
-CALLER_FILES = (
-    "sglang/srt/speculative/eagle_utils.py",
-    "sglang/srt/speculative/dflash_info_v2.py",
-    "sglang/srt/speculative/uno_info.py",
-)
-ESTIMATOR_METHODS = (
-    "new_tokens_required_next_decode",
-    "_new_tokens_required_next_decode_spec_v2",
-    "is_spec_v2",
-    # (read by kvest's plan for its decode_batch_idx loop; never called here)
-    "prepare_for_decode",
-)
+# The functions of each module the stand-ins hold (hot spots, the helpers their
+# patterns check, the settings the bookkeeping reads), and the batch's methods.
+def _wanted() -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+    functions: dict[str, tuple[str, ...]] = {}
+    methods: list[str] = list(registry.BATCH_HELPERS)
+    for spot in (*registry.HOTSPOTS.values(), *registry.HELPERS.values()):
+        if spot.cls is not None:
+            methods.append(spot.attr)
+            continue
+        for module in spot.modules:
+            functions[module] = (*functions.get(module, ()), spot.attr)
+    for module in registry.ALLOC_SETTINGS_MODULES:
+        functions[module] = (*functions.get(module, ()), *registry.ALLOC_SETTINGS)
+    return functions, tuple(dict.fromkeys(methods))
+
+
+FUNCTIONS, BATCH_METHODS = _wanted()
 
 
 def _module_name(relpath: str) -> str:
@@ -140,11 +118,12 @@ def wheel(path: Path | str, cache: Path | str | None = None) -> SourceTree:
     dest = Path(cache) if cache is not None else path.parent
     dest = dest / f"sglang-{version}-files"
     marker = dest / ".complete"
-    wanted = "\n".join((version, *FILES))  # a new file list unpacks again
+    files = registry.files()
+    wanted = "\n".join((version, *files))  # a new file list unpacks again
     if not marker.is_file() or marker.read_text() != wanted:
         with zipfile.ZipFile(path) as zf:
             names = set(zf.namelist())
-            for rel in FILES:
+            for rel in files:
                 if rel in names:
                     zf.extract(rel, dest)
         marker.write_text(wanted)
@@ -360,9 +339,13 @@ class StandinTree:
         return module
 
     def _build(self) -> None:
-        for package in ("sglang", "sglang.srt", "sglang.srt.managers", "sglang.srt.mem_cache",
-                        "sglang.srt.speculative", "sglang.srt.beam_search", "sglang.srt.utils"):
-            self._module(package, package=True)
+        wanted = [*FUNCTIONS, registry.BATCH, *registry.INT32_CALLER_MODULES,
+                  "sglang.srt.server_args", "sglang.srt.speculative.spec_info",
+                  "sglang.srt.runtime_context"]
+        for name in wanted:
+            parts = name.split(".")
+            for depth in range(1, len(parts)):
+                self._module(".".join(parts[:depth]), package=True)
         self.modules["sglang"].__version__ = self.version  # type: ignore[attr-defined]
         server_args = self._module("sglang.srt.server_args")
         server_args.ServerArgs = Config  # type: ignore[attr-defined]
@@ -370,36 +353,36 @@ class StandinTree:
             SpeculativeAlgorithm)
         self._module("sglang.srt.runtime_context")
 
-        common = self._load("sglang/srt/utils/common.py",
-                            ("ceil_div", "ceil_align", "get_num_new_pages"))
+        loaded = {name: module for name, module in
+                  ((name, self._load(registry.module_file(name), names))
+                   for name, names in FUNCTIONS.items()) if module is not None}
+        common = loaded.get(registry.COMMON)
         if common is None:
-            raise LookupError(f"{self.source}: no sglang/srt/utils/common.py")
-        utils = self.modules["sglang.srt.utils"]
-        for name in ("ceil_div", "ceil_align", "get_num_new_pages"):
+            raise LookupError(f"{self.source}: no {registry.module_file(registry.COMMON)}")
+        package = self.modules[registry.COMMON.rsplit(".", 1)[0]]
+        helpers = (*registry.HELPERS, "get_num_new_pages")
+        for name in helpers:
             if name in common.__dict__:
-                setattr(utils, name, common.__dict__[name])  # the package re-exports them
+                setattr(package, name, common.__dict__[name])  # the package re-exports them
+        self.alloc_modules = [loaded[m] for m in registry.ALLOC_SETTINGS_MODULES if m in loaded]
 
-        self.alloc_modules = [m for m in (self._load(rel, ALLOC_FUNCTIONS) for rel in ALLOC_FILES)
-                              if m is not None]
-        beam = self._load("sglang/srt/beam_search/batch_tail.py",
-                          ("num_beam_member_rows", "append_beam_tail"))
-
-        batch_module = self._module("sglang.srt.managers.schedule_batch",
-                                    "sglang/srt/managers/schedule_batch.py")
-        for name in ("ceil_div", "ceil_align"):
+        # What the batch module imports from the others.
+        batch_module = self._module(registry.BATCH, registry.module_file(registry.BATCH))
+        for name in registry.HELPERS:
             batch_module.__dict__[name] = common.__dict__[name]
         for module in self.alloc_modules:
-            for name in ("get_alloc_reserve_per_decode", "get_alloc_len_per_decode"):
+            for name in registry.ALLOC_SETTINGS:
                 if name in module.__dict__ and name not in batch_module.__dict__:
                     batch_module.__dict__[name] = module.__dict__[name]
-        if beam is not None:
+        beam = loaded.get(registry.BEAM_TAIL)
+        if beam is not None and "num_beam_member_rows" in beam.__dict__:
             batch_module.num_beam_member_rows = beam.num_beam_member_rows  # type: ignore[attr-defined]
-        relpath = "sglang/srt/managers/schedule_batch.py"
+        relpath = registry.module_file(registry.BATCH)
         cls_node = _find(self.source.tree(relpath), "ScheduleBatch")
         if not isinstance(cls_node, ast.ClassDef):
             raise LookupError(f"{self.source}: no ScheduleBatch in {relpath}")
         methods = [m for m in cls_node.body
-                   if isinstance(m, ast.FunctionDef) and m.name in ESTIMATOR_METHODS]
+                   if isinstance(m, ast.FunctionDef) and m.name in BATCH_METHODS]
         namespace: dict[str, Any] = {}
         scratch = dict(batch_module.__dict__)
         _compile_into(scratch, methods, str(self.source.path(relpath)),
@@ -415,8 +398,9 @@ class StandinTree:
 
         alloc_fn = self.alloc_function("page_aligned_decode_alloc_lens")
         if alloc_fn is not None:
-            for rel in CALLER_FILES:
-                self._load_callers(rel, "page_aligned_decode_alloc_lens", alloc_fn)
+            for module in registry.INT32_CALLER_MODULES:
+                self._load_callers(registry.module_file(module),
+                                   "page_aligned_decode_alloc_lens", alloc_fn)
 
     def _load_callers(self, relpath: str, name: str, fn: Any) -> None:
         if not self.source.exists(relpath):

@@ -1,13 +1,14 @@
-"""The glue between a matched pattern and kvest's kernels.
+"""The glue between a matched statement and kvest's kernels.
 
-Each ``make_*`` returns the function a rewritten statement calls with the
-pattern's inputs and the global names the statement reads.  It answers only
-when everything is as the kernel was proven for -- the builtins and helpers
-are the objects kvest checked, scalars are exact Python ints, the requests an
-exact list or tuple, every length an exact int the kernel reads -- and raises
-:class:`~kvest.sglang.rewrite.Declined` otherwise, so upstream's own statement
-runs and gives upstream's answer or exception.  The counters of
-:mod:`kvest.sglang.monitor` say how often each happened.
+``make_<kind>`` (one per kind of :mod:`kvest.sglang.registry`) returns the
+function a rewritten statement calls with the statement's inputs and the global
+names it reads.  It answers only when everything is as the kernel was proven
+for -- the builtins and helpers are the objects kvest checked, scalars are
+exact Python ints, the requests an exact list or tuple, every length an exact
+int the kernel reads -- and returns :data:`DECLINED` otherwise, so that
+upstream's own statement runs (outside any handler: its exceptions carry no
+trace of kvest) and gives upstream's answer or exception.  Each decline is
+counted once per call of the hot spot (:func:`kvest.sglang.monitor.declined`).
 
 Whole-function replacements (``get_num_new_pages``, and
 ``page_aligned_decode_alloc_lens`` for callers that turn its lists straight
@@ -27,9 +28,20 @@ import numpy as np
 import kvest
 from kvest.sglang import monitor
 from kvest.sglang.patterns import Pattern
-from kvest.sglang.rewrite import Declined
 
-__all__ = ["GLUE", "make_alloc_lens_int32", "make_num_new_pages"]
+__all__ = ["DECLINED", "make_alloc_lens_int32", "make_num_new_pages"]
+
+
+class _Declined:
+    """What a glue returns when upstream's statement must answer."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "kvest.sglang.glue.DECLINED"
+
+
+DECLINED: Any = _Declined()
 
 _SUM, _MAX, _ENUMERATE, _ZIP = builtins.sum, builtins.max, builtins.enumerate, builtins.zip
 _SEQUENCES = (list, tuple)
@@ -39,6 +51,14 @@ _itemgetter = operator.itemgetter
 _INT_LIMITS = {np.dtype(np.int64): 2**63 - 1, np.dtype(np.int32): 2**31 - 1}
 
 _STATE = monitor.STATE
+
+
+def _declined(spot: monitor.Spot) -> Any:
+    """Count a decline, once per call of the hot spot; the glue's answer then."""
+    if spot.last_fallback != spot.calls:
+        spot.fallbacks += 1
+        spot.last_fallback = spot.calls
+    return DECLINED
 
 
 def _first_call() -> None:
@@ -61,10 +81,8 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
             except Exception:
                 pass
             else:
-                spot.kernel += 1
                 return tokens // page_size
-        spot.fallbacks += 1
-        raise Declined
+        return _declined(spot)
 
     return decode_count
 
@@ -82,7 +100,6 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
         if not _STATE.announced:
             _first_call()
         if selected is None:
-            spot.kernel += 1
             return owner.reqs
         if type(selected) in _INDEX_SEQUENCES and not _lookup_is_special(type(owner), "reqs"):
             try:
@@ -91,12 +108,10 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
                     n = len(selected)
                     chosen = (list(_itemgetter(*selected)(reqs)) if n > 1
                               else [reqs[selected[0]]] if n else [])
-                    spot.kernel += 1
                     return chosen
             except Exception:
                 pass  # upstream's comprehension raises its own exception
-        spot.fallbacks += 1
-        raise Declined
+        return _declined(spot)
 
     return select_requests
 
@@ -136,10 +151,8 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
             except Exception:
                 pass
             else:
-                spot.kernel += 1
                 return total + tokens
-        spot.fallbacks += 1
-        raise Declined
+        return _declined(spot)
 
     return spec_v2_total
 
@@ -157,10 +170,8 @@ def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Call
             except Exception:
                 pass
             else:
-                spot.kernel += 1
                 return rows
-        spot.fallbacks += 1
-        raise Declined
+        return _declined(spot)
 
     return beam_rows
 
@@ -191,19 +202,13 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                 if len(plan.cur) == len(cur):  # the requests did not change meanwhile
                     cur[:] = plan.cur.tolist()
                     nxt[:] = plan.nxt.tolist()
-                    spot.kernel += 1
                     return total + plan.num_tokens
-        spot.fallbacks += 1
-        raise Declined
+        return _declined(spot)
 
     return alloc_lens_loop
 
 
 # ------------------------------------------------------------------ loops that write
-
-def _writer(name: str) -> Callable[..., Any] | None:
-    return getattr(kvest, name, None)
-
 
 _NESTED_LENGTHS = (("kv", "kv_allocated_len"), ("kv", "kv_committed_len"))
 _ALLOCATED = ("kv", "kv_allocated_len")
@@ -217,18 +222,13 @@ def _adding_loop(name: str, paths: tuple[tuple[str, ...], ...], fixed: Any
     kvest's writer keeps the loop's every semantic (Python's ``+=`` on whatever
     the values are, properties and ``__setattr__`` taken as ``setattr`` takes
     them, the same requests written before an exception), so once it has
-    started it never hands back: upstream's loop runs only if the writer is
-    missing."""
-    add, spot = _writer("add_to_attrs"), monitor.spot(name)
+    started it never hands back."""
+    add = kvest.add_to_attrs
 
     def adding_loop(owner: Any, delta: Any = fixed) -> None:
         if not _STATE.announced:
             _first_call()
-        if add is None:
-            spot.fallbacks += 1
-            raise Declined
         reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
-        spot.kernel += 1
         add(reqs, paths, delta)
 
     return adding_loop
@@ -245,15 +245,13 @@ def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     """``for req, v in zip(reqs, values, strict=True): req.kv.kv_allocated_len =
     max(req.kv.kv_allocated_len, v)`` (semantics as above; ``zip`` and ``max``
     must be the builtins)."""
-    raise_to, spot = _writer("max_into_attr"), monitor.spot(name)
+    raise_to, spot = kvest.max_into_attr, monitor.spot(name)
 
-    def max_allocated_loop(reqs: Any, values: Any, zip_: Any, max_: Any) -> None:
+    def max_allocated_loop(reqs: Any, values: Any, zip_: Any, max_: Any) -> Any:
         if not _STATE.announced:
             _first_call()
-        if raise_to is None or zip_ is not _ZIP or max_ is not _MAX:
-            spot.fallbacks += 1
-            raise Declined
-        spot.kernel += 1
+        if zip_ is not _ZIP or max_ is not _MAX:
+            return _declined(spot)
         raise_to(reqs, _ALLOCATED, values, strict=True)
 
     return max_allocated_loop
@@ -278,7 +276,7 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     ``enumerate`` the builtin."""
     kernel, spot = kvest.beam_groups_from_reqs, monitor.spot(name)
 
-    def beam_tail_loop(owner: Any, enumerate_: Any) -> None:
+    def beam_tail_loop(owner: Any, enumerate_: Any) -> Any:
         if not _STATE.announced:
             _first_call()
         if enumerate_ is _ENUMERATE and not _lookup_is_special(type(owner), "reqs"):
@@ -290,44 +288,42 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                     pass  # upstream's loop raises its own exception
                 else:
                     if groups == 0:
-                        spot.kernel += 1
                         return
-        spot.fallbacks += 1
-        raise Declined
+        return _declined(spot)
 
     return beam_tail_loop
 
 
-GLUE: dict[str, tuple[Callable[..., Any], tuple[str, ...], str | None]] = {
-    # kind: (glue maker, the roles passed in order, the role bound (None: returned))
-    "decode_count": (make_decode_count, ("requests", "page_size"), "target"),
-    "select_requests": (make_select_requests, ("owner", "selected"), "target"),
-    "spec_v2_total": (make_spec_v2_total, ("total", "requests", "page_size", "reserve"),
-                      "total"),
-    "beam_rows": (make_beam_rows, ("reqs",), None),
-    "alloc_lens_loop": (make_alloc_lens_loop,
-                        ("reqs", "reserve", "page_size", "cur", "nxt", "total"), "total"),
-    # the loops that write to requests: a statement that binds nothing
-    "add_lengths_loop": (make_add_lengths_loop, ("owner", "delta"), ""),
-    "max_allocated_loop": (make_max_allocated_loop, ("reqs", "values"), ""),
-    "batch_idx_loop": (make_batch_idx_loop, ("owner",), ""),
-    # reads only: the loop is skipped when it would append nothing
-    "beam_tail_loop": (make_beam_tail_loop, ("owner",), ""),
-}
-# The global names a glue takes after its inputs, where not every global its
-# statement reads (the loop's body past the point the kernel proves it stops).
-READS: dict[str, tuple[str, ...]] = {"beam_tail_loop": ("enumerate",)}
-# Hot spots whose functions change what they are given (the requests; the
-# batch, which append_beam_tail extends when a request is in a beam group):
-# never run twice, so shadow mode leaves them to upstream.
-WRITERS = frozenset({"add_lengths_loop", "max_allocated_loop", "batch_idx_loop",
-                     "beam_tail_loop"})
-
-
 # ------------------------------------------------------------------ whole functions
 
-def make_num_new_pages(original: Callable[..., Any], tensor: type, name: str
-                       ) -> Callable[..., Any]:
+def _resolver(fn: Any, pattern: Pattern) -> Callable[[], bool]:
+    """Whether every global name ``fn`` reads (the pattern's, from its syntax
+    tree) still resolves, as a global lookup in ``fn`` would, to the object kvest
+    proved its version with: the builtin for a builtin's name (a module-level
+    ``def max`` or ``max = ...``, before or after import, says no), else what
+    it was when kvest planned."""
+    namespace = fn.__globals__
+    names = tuple(pattern.globals)
+    missing = object()
+    expected = tuple(getattr(builtins, n) if hasattr(builtins, n)
+                     else namespace.get(n, missing) for n in names)
+
+    def resolves() -> bool:
+        home = namespace.get("__builtins__", builtins)
+        table = home if type(home) is dict else vars(home)
+        for name, obj in zip(names, expected, strict=True):
+            value = namespace.get(name, missing)
+            if value is missing:
+                value = table.get(name, missing)
+            if value is not obj:
+                return False
+        return True
+
+    return resolves
+
+
+def make_num_new_pages(original: Callable[..., Any], pattern: Pattern, tensor: type,
+                       name: str) -> Callable[..., Any]:
     """``get_num_new_pages`` on kvest for int32/int64 CPU tensors.
 
     The tensors are read through ``Tensor.numpy()`` (no copy; kvest never
@@ -336,21 +332,21 @@ def make_num_new_pages(original: Callable[..., Any], tensor: type, name: str
     unusual: other dtypes, shapes, devices, page sizes -- the original answers.
     """
     pages, limits, spot = kvest.num_new_pages, _INT_LIMITS, monitor.spot(name)
+    resolves = _resolver(original, pattern)
 
     def get_num_new_pages(seq_lens: Any, page_size: Any, prefix_lens: Any = None,
                           decode: Any = False) -> Any:
         if not _STATE.announced:
             _first_call()
+        spot.calls += 1
         try:
             if type(seq_lens) is tensor and type(page_size) is int and page_size >= 1 \
-                    and type(decode) is bool:
+                    and type(decode) is bool and resolves():
                 seq = seq_lens.numpy()
                 limit = limits.get(seq.dtype)
                 if limit is not None and page_size <= limit and seq.ndim == 1:
                     if decode:
-                        result = pages(seq, page_size, decode=True)
-                        spot.kernel += 1
-                        return result
+                        return pages(seq, page_size, decode=True)
                     if type(prefix_lens) is tensor:
                         prefix = prefix_lens.numpy()
                         prefix_limit = limits.get(prefix.dtype)
@@ -358,12 +354,10 @@ def make_num_new_pages(original: Callable[..., Any], tensor: type, name: str
                                 page_size == 1 or (
                                     _at_most(seq, limit - page_size + 1)
                                     and _at_most(prefix, prefix_limit - page_size + 1))):
-                            result = pages(seq, page_size, prefix)
-                            spot.kernel += 1
-                            return result
+                            return pages(seq, page_size, prefix)
         except Exception:
             pass
-        spot.fallbacks += 1
+        _declined(spot)
         return original(seq_lens, page_size, prefix_lens, decode)
 
     return get_num_new_pages
@@ -373,7 +367,7 @@ def _at_most(values: np.ndarray, bound: int) -> bool:
     return values.size == 0 or int(values.max()) <= bound
 
 
-def make_alloc_lens_int32(original: Callable[..., Any], layout: str | None, name: str
+def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: str
                           ) -> Callable[..., Any]:
     """``page_aligned_decode_alloc_lens`` as int32 arrays, one pass over the requests.
 
@@ -384,21 +378,22 @@ def make_alloc_lens_int32(original: Callable[..., Any], layout: str | None, name
     ``torch.tensor`` then fails as it always did.
     """
     plan, int32, spot = kvest.decode_alloc_plan_from_reqs, np.int32, monitor.spot(name)
+    layout, resolves = pattern.layout, _resolver(original, pattern)
 
     def page_aligned_decode_alloc_lens(reqs: Any, *, reserve: Any, page_size: Any) -> Any:
         if not _STATE.announced:
             _first_call()
+        spot.calls += 1
         if type(reqs) in _SEQUENCES and type(reserve) is int and reserve >= 0 \
-                and type(page_size) is int and page_size >= 1:
+                and type(page_size) is int and page_size >= 1 and resolves():
             try:
                 result = plan(reqs, page_size, reserve, page_aligned=True, dtype=int32,
                               layout=layout, exact_ints=True)
             except Exception:
                 pass
             else:
-                spot.kernel += 1
                 return result.cur, result.nxt, result.num_tokens
-        spot.fallbacks += 1
+        _declined(spot)
         return original(reqs, reserve=reserve, page_size=page_size)
 
     return page_aligned_decode_alloc_lens
