@@ -1,4 +1,4 @@
-"""``python -m kvest sglang`` (or ``python -m kvest.sglang``): is kvest right for the SGLang installed here?
+"""``python -m kvest sglang`` (or ``python -m kvest.sglang``): is kvest right for this SGLang?
 
 Finds the installed sglang (or the one ``--sglang-root`` names: a directory
 holding ``sglang/``, or a release's wheel, to check a release before

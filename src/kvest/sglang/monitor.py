@@ -212,8 +212,9 @@ def status() -> dict[str, Any]:
     ``mode`` (on, shadow, off), ``reason`` (why that mode, in words),
     ``scheduler`` (whether this process runs SGLang's scheduler), and per hot
     spot of the registry, in every mode: ``state``, ``reason`` (why it, or a
-    statement of it, is not compiled; ``None`` where all of it is), ``patterns`` (compiled), ``notes``,
-    ``calls``, ``kernel``, ``fallbacks``, and ``shadow``: ``compared``,
+    statement of it, is not compiled; ``None`` where all of it is),
+    ``patterns`` (compiled), ``notes``, ``calls``, ``kernel``, ``fallbacks``,
+    and ``shadow``: ``compared``,
     ``mismatches``, ``kvest_us`` and ``upstream_us`` (``median`` and ``p99`` of
     the recent calls), ``ratio`` (upstream's median over kvest's) and
     ``first_mismatch``.
