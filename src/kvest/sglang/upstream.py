@@ -60,9 +60,6 @@ def _wanted() -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
     return functions, tuple(dict.fromkeys(methods))
 
 
-FUNCTIONS, BATCH_METHODS = _wanted()
-
-
 def _module_name(relpath: str) -> str:
     name = relpath.removesuffix(".py").replace("/", ".")
     return name.removesuffix(".__init__")
@@ -172,7 +169,8 @@ def _compile_into(namespace: dict[str, Any], nodes: list[ast.stmt], filename: st
     the code the real module has."""
     from kvest.sglang.rewrite import module_imports
 
-    body: list[ast.stmt] = [ast.If(ast.Constant(False), module_imports(tree), [])]
+    imports = module_imports(tree)
+    body: list[ast.stmt] = [ast.If(ast.Constant(False), imports, [])] if imports else []
     for node in nodes:
         if isinstance(node, ast.FunctionDef):
             keep = [d for d in node.decorator_list
@@ -339,7 +337,8 @@ class StandinTree:
         return module
 
     def _build(self) -> None:
-        wanted = [*FUNCTIONS, registry.BATCH, *registry.INT32_CALLER_MODULES,
+        functions, methods_wanted = _wanted()  # read now: a test may add a hot spot
+        wanted = [*functions, registry.BATCH, *registry.INT32_CALLER_MODULES,
                   "sglang.srt.server_args", "sglang.srt.speculative.spec_info",
                   "sglang.srt.runtime_context"]
         for name in wanted:
@@ -355,7 +354,7 @@ class StandinTree:
 
         loaded = {name: module for name, module in
                   ((name, self._load(registry.module_file(name), names))
-                   for name, names in FUNCTIONS.items()) if module is not None}
+                   for name, names in functions.items()) if module is not None}
         common = loaded.get(registry.COMMON)
         if common is None:
             raise LookupError(f"{self.source}: no {registry.module_file(registry.COMMON)}")
@@ -382,7 +381,7 @@ class StandinTree:
         if not isinstance(cls_node, ast.ClassDef):
             raise LookupError(f"{self.source}: no ScheduleBatch in {relpath}")
         methods = [m for m in cls_node.body
-                   if isinstance(m, ast.FunctionDef) and m.name in BATCH_METHODS]
+                   if isinstance(m, ast.FunctionDef) and m.name in methods_wanted]
         namespace: dict[str, Any] = {}
         scratch = dict(batch_module.__dict__)
         _compile_into(scratch, methods, str(self.source.path(relpath)),

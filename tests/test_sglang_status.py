@@ -1,0 +1,336 @@
+"""What an operator reads is true: status(), the counters, shadow mode's summary,
+one registry behind the plugin, status() and the doctor.
+
+On stand-in modules built from a release's own files (the newest at hand).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import sys
+import threading
+import types
+import warnings
+
+import pytest
+from sglang_releases import check_required, releases
+from sglang_standins import request_class
+
+import kvest
+import kvest.sglang
+from kvest.sglang import monitor, parity, plugin, registry
+from kvest.sglang.upstream import Config, SourceTree, standin_tree
+
+check_required(releases())
+if not releases():
+    pytest.skip("no sglang release available", allow_module_level=True)
+NEWEST = releases()[-1]
+ESTIMATE = "new_tokens_required_next_decode"
+SPEC_V2 = "_new_tokens_required_next_decode_spec_v2"
+
+# The keys of status(), pinned: monitoring scripts read them (docs/sglang.md).
+TOP_KEYS = {"kvest", "implementation", "sglang", "mode", "reason", "scheduler", "hotspots"}
+SPOT_KEYS = {"state", "reason", "patterns", "notes", "calls", "kernel", "fallbacks", "shadow"}
+SHADOW_KEYS = {"compared", "mismatches", "kvest_us", "upstream_us", "ratio", "first_mismatch"}
+
+
+def _batch(tree, spec, committed=(5, 16, 31, 100, 128)):
+    tree.config = Config("EAGLE" if spec else None, 3, 1, 4, 16)
+    make = request_class(tree.layout())
+    reqs = [make(c, c + 3) for c in committed]
+    return tree.batch(reqs, 16, "EAGLE" if spec else None)
+
+
+def _check_keys(report):
+    assert set(report) == TOP_KEYS
+    assert report["kvest"] == kvest.__version__
+    assert report["implementation"] == kvest.IMPLEMENTATION
+    assert set(report["hotspots"]) == set(registry.HOTSPOTS)
+    for spot in report["hotspots"].values():
+        assert set(spot) == SPOT_KEYS
+        assert set(spot["shadow"]) == SHADOW_KEYS
+        assert spot["state"] in {s.value for s in registry.State}
+
+
+def test_counters_count_calls_of_the_hot_spot():
+    """N calls read N: each call counts once, whatever number of kernels it
+    reaches (the selection and the count), and a declined call is one fallback."""
+    with standin_tree(NEWEST) as tree, kvest.sglang.patch():
+        before = kvest.sglang.status()["hotspots"][ESTIMATE]
+        batch = _batch(tree, False)
+        for _ in range(10):
+            batch.new_tokens_required_next_decode()
+        for _ in range(10):
+            batch.new_tokens_required_next_decode([0, 2, -1])
+        bad = _batch(tree, False, committed=(5, 16))
+        first = bad.reqs[0]
+        if hasattr(first, "kv") and hasattr(first.kv, "kv_committed_len"):
+            first.kv.kv_committed_len = True  # a bool: kvest declines, upstream answers
+        else:
+            first.kv_committed_len = True
+        bad.new_tokens_required_next_decode()
+        after = kvest.sglang.status()["hotspots"][ESTIMATE]
+    assert after["calls"] - before["calls"] == 21
+    assert after["kernel"] - before["kernel"] == 20
+    assert after["fallbacks"] - before["fallbacks"] == 1
+
+
+@pytest.mark.parametrize("env", [{}, {"KVEST_SGLANG": "0"}, {"KVEST_SGLANG": "shadow"},
+                                 {"KVEST_SGLANG": "bogus"}])
+def test_status_keys_are_the_same_in_every_mode(env, monkeypatch):
+    monkeypatch.delenv("KVEST_SGLANG", raising=False)
+    monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with standin_tree(NEWEST, plugins=True) as tree, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tree.modules["sglang.srt.plugins"].load_plugins()
+        report = kvest.sglang.status()
+    _check_keys(report)
+    assert report["sglang"] == NEWEST.version
+    assert report["scheduler"] is True
+    value = env.get("KVEST_SGLANG")
+    expected = {None: "on", "0": "off", "shadow": "shadow", "bogus": "off"}[value]
+    assert report["mode"] == expected
+    # Why, in words: a typo never reads like a deliberate switch-off.
+    assert (repr(value) if value else "not set") in report["reason"]
+    if value == "bogus":
+        assert "not one of" in report["reason"]
+    if expected == "off":
+        assert {s["state"] for s in report["hotspots"].values()} == {"off"}
+
+
+def test_without_the_scheduler_nothing_is_replaced_and_status_says_why():
+    with standin_tree(NEWEST, plugins=True) as tree:
+        del sys.modules[registry.BATCH]
+        common = tree.modules[registry.COMMON]
+        original = common.get_num_new_pages
+        tree.modules["sglang.srt.plugins"].load_plugins()
+        report = kvest.sglang.status()
+        assert common.get_num_new_pages is original
+    _check_keys(report)
+    assert report["mode"] == "off" and report["scheduler"] is False
+    assert "no SGLang scheduler in this process" in report["reason"]
+    assert not any(s["state"] in ("replaced", "shadow") for s in report["hotspots"].values())
+
+
+def test_a_second_patch_keeps_one_monitor():
+    """The plugin, then a launcher's patch(shadow=True): the glue installed first
+    still counts where status() reads."""
+    with standin_tree(NEWEST) as tree:
+        first = kvest.sglang.patch()
+        try:
+            batch = _batch(tree, False)
+            hooked = vars(tree.batch_class)[ESTIMATE]
+            before = kvest.sglang.status()["hotspots"][ESTIMATE]["calls"]
+            second = kvest.sglang.patch(shadow=True)  # finds kvest's function: skipped
+            second.undo()
+            hooked(batch)
+            hooked(batch)
+            assert kvest.sglang.status()["hotspots"][ESTIMATE]["calls"] == before + 2
+        finally:
+            first.undo()
+
+
+def test_status_polled_from_another_thread_during_patch():
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            try:
+                _check_keys(kvest.sglang.status())
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+                return
+
+    with standin_tree(NEWEST):
+        poller = threading.Thread(target=poll)
+        poller.start()
+        try:
+            for _ in range(20):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    kvest.sglang.patch(shadow=bool(_ % 2)).undo()
+        finally:
+            stop.set()
+            poller.join()
+    assert not errors, errors
+
+
+def test_a_shadow_report_never_changes_the_answer(monkeypatch):
+    """Reading the arguments again for a mismatch report may raise: the shadowed
+    call still returns upstream's answer."""
+    monkeypatch.setattr(kvest, "decode_new_tokens_from_reqs", lambda *a, **k: 10**9)
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("a property that raises when read again")
+
+    monkeypatch.setattr(monitor, "_lengths", fails)
+    with standin_tree(NEWEST) as tree:
+        original = vars(tree.batch_class)[ESTIMATE]
+        expected = original(_batch(tree, False))
+        with kvest.sglang.patch(shadow=True):
+            assert _batch(tree, False).new_tokens_required_next_decode() == expected
+            shadow = kvest.sglang.status()["hotspots"][ESTIMATE]["shadow"]
+    assert shadow["mismatches"] >= 1
+    assert "no reproduction" in shadow["first_mismatch"]
+
+
+def test_one_outlier_cannot_flip_the_shadow_verdict():
+    """Medians of a bounded sample: one slow call (a collection, a page fault)
+    moves neither median, whichever side it lands on."""
+    kvest_side, upstream_side = monitor.Samples(), monitor.Samples()
+    for i in range(999):
+        kvest_side.add(500 + i % 7)
+        upstream_side.add(900 + i % 5)
+    kvest_side.add(2_000_000)  # 2 ms
+    assert kvest_side.quantile(0.5) < 0.6 < upstream_side.quantile(0.5)
+    assert kvest_side.quantile(0.99) < 1.0  # the outlier is above the 99th percentile
+    for i in range(10 * monitor.SAMPLES):  # bounded: the oldest samples go
+        upstream_side.add(100)
+    assert len(upstream_side.values) == monitor.SAMPLES
+    assert upstream_side.quantile(0.5) == 0.1
+
+
+def test_the_shadow_summary_logs_medians(caplog):
+    with standin_tree(NEWEST) as tree, kvest.sglang.patch(shadow=True):
+        for _ in range(5):
+            _batch(tree, False).new_tokens_required_next_decode()
+        with caplog.at_level(logging.INFO, logger="kvest.sglang"):
+            monitor.summary()
+        report = kvest.sglang.status()["hotspots"][ESTIMATE]["shadow"]
+    assert "kvest median" in caplog.text and "upstream median" in caplog.text
+    assert report["kvest_us"]["median"] is not None and report["ratio"] is not None
+
+
+def test_a_release_without_patterns_for_an_older_loop_raises_no_edit_warning():
+    """Every release as shipped: nothing is said to be edited."""
+    for tree_source in releases():
+        with standin_tree(tree_source), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            kvest.sglang.patch().undo()
+
+
+EXTRA_MODULE = "sglang.srt.kvest_extra"
+EXTRA_SOURCE = '''
+def count_member_rows(reqs):
+    return sum(r.beam_group.num_member_rows for r in reqs if r.beam_group is not None)
+'''
+
+
+def test_a_new_hot_spot_is_one_registry_record(tmp_path, monkeypatch, capsys):
+    """A stand-in hot spot added to the registry (an existing kind of statement
+    in a new function): the stand-in loader, the plan, status(), the plugin and
+    the doctor's parity run all pick it up."""
+    for name in registry.files():
+        if NEWEST.exists(name):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(NEWEST.path(name), tmp_path / name)
+    extra = tmp_path / registry.module_file(EXTRA_MODULE)
+    extra.write_text(EXTRA_SOURCE)
+    spot = registry.HotSpot("count_member_rows", (EXTRA_MODULE,), None, "count_member_rows",
+                            (registry.Use("beam_rows", {"reqs": "reqs"}),))
+    monkeypatch.setitem(registry.HOTSPOTS, spot.name, spot)  # type: ignore[index]
+    source = SourceTree(tmp_path, NEWEST.version)
+    with standin_tree(source, plugins=True) as tree:
+        assert EXTRA_MODULE in tree.modules  # the loader read the registry
+        module = tree.modules[EXTRA_MODULE]
+        original = module.count_member_rows
+        tree.modules["sglang.srt.plugins"].load_plugins()
+        assert module.count_member_rows is not original
+        report = kvest.sglang.status()["hotspots"]["count_member_rows"]
+        assert report["state"] == "replaced" and report["patterns"][0].startswith("beam_rows")
+        reqs = [types.SimpleNamespace(beam_group=types.SimpleNamespace(num_member_rows=3)),
+                types.SimpleNamespace(beam_group=None)]
+        assert module.count_member_rows(reqs) == original(reqs) == 3
+        assert kvest.sglang.status()["hotspots"]["count_member_rows"]["kernel"] >= 1
+    from kvest.cli import main as cli_main
+
+    assert cli_main(["sglang", "--batches", "8", "--sglang-root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "  count_member_rows: replaced (beam_rows at line 3)" in out
+    assert "  count_member_rows: beam_rows at line 3: " in out
+
+
+def _raiser(*args, **kwargs):
+    raise LookupError("the shadowing definition ran")
+
+
+def _statements():
+    """(hot spot, analysis, found) for every statement kvest swaps in the newest
+    release at hand."""
+    with standin_tree(NEWEST) as tree, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = kvest.sglang.patch()
+        handle.undo()
+        del tree
+    return [(t.spot, t.analysis, s.found) for t in handle.plan.targets for s in t.swaps]
+
+
+@pytest.mark.parametrize("case", _statements(), ids=lambda c: f"{c[0]}:{c[2].pattern.id}")
+def test_a_shadowed_builtin_is_left_to_upstream(case):
+    """Every builtin a swapped statement reads, shadowed at module level (a
+    ``def max`` or ``max = ...`` added to the file, before or after import):
+    the statement is upstream's, so the shadowing definition runs."""
+    import builtins
+
+    name, analysis, found = case
+    with standin_tree(NEWEST) as tree:
+        alone, swapped, params = parity.statement_pair(analysis, found, name)
+        namespace = alone.__globals__
+        builtins_read = [g for g in found.pattern.globals if hasattr(builtins, g)]
+        make = parity.request_maker(tree.layout())
+        rng = random.Random(7)
+        for builtin in builtins_read:
+            assert builtin not in namespace
+            namespace[builtin] = _raiser
+            try:
+                for _ in range(5):
+                    world = parity.World(rng, make, beams=False)
+                    args = [parity.ROLES.get(parity._role(found, p), lambda w: None)(world)
+                            for p in params]
+                    expected = parity._outcome(alone, *args)
+                    assert parity._outcome(swapped, *args) == expected
+            finally:
+                del namespace[builtin]
+
+
+def test_a_shadowed_builtin_sends_the_int32_form_to_upstream():
+    """kvest's whole-function int32 version reads ``max``, ``enumerate`` and
+    ``len`` from the module, as upstream's function does, on every call."""
+    with standin_tree(NEWEST) as tree:
+        sizing = tree.modules.get(registry.ALLOC_SIZING)
+        eagle = tree.modules.get(registry.EAGLE_UTILS)
+        if sizing is None or eagle is None:
+            pytest.skip(f"sglang {NEWEST.version} has no page_aligned_decode_alloc_lens")
+        with kvest.sglang.patch():
+            int32_form = eagle.page_aligned_decode_alloc_lens
+            if getattr(int32_form, "__kvest_original__", None) is None:
+                pytest.skip("the int32 form is not installed for this release")
+            make = request_class(tree.layout())
+            reqs = [make(100, 130), make(64, 64)]
+            sizing.max = lambda a, b: b  # an edit a fork might make
+            try:
+                cur, nxt, total = int32_form(reqs, reserve=8, page_size=16)
+                expected = int32_form.__wrapped__(reqs, reserve=8, page_size=16)
+            finally:
+                del sizing.max
+    assert (list(cur), list(nxt), total) == expected
+    assert expected[2] == -2  # the shadowing max made it so
+
+
+def test_plugin_and_status_read_one_registry():
+    """The plugin plans from the registry's hot spots and nothing else."""
+    assert plugin.load.__module__ == "kvest.sglang.plugin"
+    assert set(monitor.STATE.spots) >= set(registry.HOTSPOTS)
+    for spot in registry.HOTSPOTS.values():
+        for use in spot.uses:
+            kind = registry.KINDS[use.kind]
+            assert set(kind.inputs) <= set(use.roles) | {"target"}, (spot.name, kind.name)
+            if not kind.whole:
+                from kvest.sglang import glue
+
+                assert callable(getattr(glue, f"make_{kind.name}")), kind.name
