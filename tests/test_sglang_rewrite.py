@@ -228,6 +228,12 @@ AROUND = [
      '    cur_kv_lens = [0] * len(reqs)\n', "page_aligned_decode_alloc_lens"),
     (BEAM, "    if not entries:\n        return\n",
      "    if not entries:\n        batch.beam_tail = None\n        return\n", "append_beam_tail"),
+    # An annotation on a local is never evaluated inside a function: the same code.
+    (BATCH, "            x = max(0, r.kv.kv_committed_len + reserve",
+     "            x: int = max(0, r.kv.kv_committed_len + reserve",
+     "_new_tokens_required_next_decode_spec_v2"),
+    (BATCH, "            new_pages = sum(\n", "            new_pages: int = sum(\n",
+     "new_tokens_required_next_decode"),
 ]
 
 
@@ -263,7 +269,7 @@ def _line_of(source: SourceTree, rel: str, text: str) -> int:
     return body[: body.index(text.strip().splitlines()[0])].count("\n") + 1
 
 
-@pytest.mark.parametrize("edit", AROUND, ids=[e[3] for e in AROUND])
+@pytest.mark.parametrize("edit", AROUND, ids=[e[3] + ":" + e[2][:24] for e in AROUND])
 def test_an_edit_around_a_loop_keeps_the_kernel_exact(edit, tmp_path):
     rel, old, new, spot = edit
     source = _edited_tree(tmp_path, rel, old, new)
@@ -362,6 +368,37 @@ def test_a_loop_variable_read_after_the_loop_keeps_the_loop(tmp_path):
         found = rewrite.analyse(fn, ["spec_v2_total"])
         assert not found.found
         assert any("'nxt' is used outside it" in n.text for n in found.notes)
+
+
+@pytest.mark.parametrize(("rebind", "says"), [
+    (True, "`ceil_align` was rebound: it is"), (False, "`ceil_align` was edited")],
+    ids=["rebound", "edited"])
+def test_a_changed_helper_is_said_plainly(rebind, says, tmp_path):
+    """``ceil_align`` rebound in the module before kvest plans, or edited: the
+    loop that calls it is left to upstream, with the reason in words, said once."""
+    old, new = ("", "") if rebind else ("    return ceil_div(x, y) * y\n",
+                                        "    return ceil_div(x, y)\n")
+    source = _edited_tree(tmp_path, COMMON, old, new) if old else NEWEST
+    with standin_tree(source) as tree:
+        if rebind:
+            module = tree.modules["sglang.srt.managers.schedule_batch"]
+            module.ceil_align = lambda x, y, _f=module.ceil_align: _f(x, y)
+        with pytest.warns(RuntimeWarning) as caught:
+            handle = kvest.sglang.patch()
+        try:
+            spot = monitor.status()["hotspots"]["_new_tokens_required_next_decode_spec_v2"]
+            assert spot["state"] == "left alone", spot
+            assert says in spot["reason"], spot
+            messages = [str(w.message) for w in caught if says in str(w.message)]
+            assert len(messages) == 1, [str(w.message) for w in caught]
+            assert messages[0].count("left alone") <= 1, messages
+            reqs = _requests(tree, random.Random(3), 16, n=6)
+            batch = tree.batch(reqs, 16, "EAGLE")
+            original = vars(tree.batch_class)["_new_tokens_required_next_decode_spec_v2"]
+            assert batch._new_tokens_required_next_decode_spec_v2(reqs, 16) == original(
+                batch, reqs, 16)
+        finally:
+            handle.undo()
 
 
 def test_a_shadowed_helper_declines(tmp_path):

@@ -142,7 +142,7 @@ def test_status_polled_from_another_thread_during_patch():
         while not stop.is_set():
             try:
                 _check_keys(kvest.sglang.status())
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:
                 errors.append(exc)
                 return
 
@@ -189,7 +189,7 @@ def test_one_outlier_cannot_flip_the_shadow_verdict():
     kvest_side.add(2_000_000)  # 2 ms
     assert kvest_side.quantile(0.5) < 0.6 < upstream_side.quantile(0.5)
     assert kvest_side.quantile(0.99) < 1.0  # the outlier is above the 99th percentile
-    for i in range(10 * monitor.SAMPLES):  # bounded: the oldest samples go
+    for _ in range(10 * monitor.SAMPLES):  # bounded: the oldest samples go
         upstream_side.add(100)
     assert len(upstream_side.values) == monitor.SAMPLES
     assert upstream_side.quantile(0.5) == 0.1

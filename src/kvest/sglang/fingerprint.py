@@ -1,10 +1,11 @@
 """Exact fingerprints of Python code: what kvest compares upstream's code against.
 
 A fingerprint is the SHA-256 of a canonical dump of a syntax tree: docstrings,
-comments, formatting and annotations set aside, local variable names replaced
-by their order of first appearance (``L0``, ``L1``, ...), every other name,
-attribute, operator and constant kept as it is.  Two pieces of code with the
-same fingerprint therefore compute the same thing, given the same global names.
+comments, formatting and annotations set aside (``x: T = v`` is ``x = v``),
+local variable names replaced by their order of first appearance (``L0``,
+``L1``, ...), every other name, attribute, operator and constant kept as it
+is.  Two pieces of code with the same fingerprint therefore compute the same
+thing, given the same global names.
 
 Beside the hash, :class:`Print` keeps the hash of every sub-tree by its path,
 so a statement that differs from a pattern can be told *where* it differs
@@ -24,6 +25,7 @@ __all__ = [
     "first_difference",
     "function_locals",
     "has_docstring",
+    "plain_assignment",
     "print_function",
     "print_statement",
     "statements",
@@ -74,6 +76,9 @@ class _Canon:
             return "[" + ",".join(self.dump(v, f"{path}#{i}") for i, v in enumerate(node)) + "]"
         if not isinstance(node, ast.AST):
             return repr((type(node).__name__, node))
+        plain = plain_assignment(node)
+        if plain is not None:  # ``x: T = v`` inside a function is ``x = v``
+            node = plain
         parts = []
         for field, value in ast.iter_fields(node):
             if field in _SKIPPED_FIELDS:
@@ -90,6 +95,17 @@ class _Canon:
         self.nodes[path] = (type(node).__name__, _hash(text)[:16])
         self.at[path] = node
         return text
+
+
+def plain_assignment(node: ast.AST) -> ast.Assign | None:
+    """``x: T = v`` with a plain name as the assignment ``x = v``: inside a
+    function the annotation is never evaluated (PEP 526), so both compile to the
+    same code.  Anything else (no value, a target in parentheses, an attribute or
+    a subscript) stays what it is."""
+    if (isinstance(node, ast.AnnAssign) and node.simple and node.value is not None
+            and isinstance(node.target, ast.Name)):
+        return ast.copy_location(ast.Assign(targets=[node.target], value=node.value), node)
+    return None
 
 
 def has_docstring(node: ast.AST) -> bool:

@@ -205,13 +205,15 @@ def _checked(fn: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], str | Non
         value = fn.__globals__.get(name)
         if value is None:
             return checked, f"`{name}` is not defined where the statement reads it"
+        if not isinstance(value, types.FunctionType) or value.__name__ != name:
+            return checked, (f"`{name}` was rebound: it is {value!r}, not the function "
+                             f"`{name}` kvest checked")
         try:
             found = rewrite.analyse(value, list(helper.kinds))
         except rewrite.Unreadable as exc:
-            return checked, f"`{name}` is not the helper kvest checked ({exc})"
+            return checked, f"`{name}` cannot be checked: {exc}"
         if not found.found:
-            return checked, f"`{name}` is not the helper kvest checked: " + "; ".join(
-                n.text for n in found.notes)
+            return checked, f"`{name}` was edited: " + "; ".join(n.text for n in found.notes)
         checked[name] = value
         inner, why = _checked(value, found.found[0].pattern.globals)
         if why is not None:

@@ -88,9 +88,19 @@ class Note(NamedTuple):
 
 # ------------------------------------------------------------------ kinds of statement
 
+def _assigned(stmt: ast.stmt) -> ast.expr | None:
+    """The value a plain assignment binds (``x = v``, or ``x: T = v``)."""
+    if isinstance(stmt, ast.Assign):
+        return stmt.value
+    if isinstance(stmt, ast.AnnAssign) and stmt.simple and isinstance(stmt.target, ast.Name):
+        return stmt.value
+    return None
+
+
 def _assign_of_sum(stmt: ast.stmt) -> bool:
-    return (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call)
-            and isinstance(stmt.value.func, ast.Name) and stmt.value.func.id == "sum")
+    value = _assigned(stmt)
+    return (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            and value.func.id == "sum")
 
 
 def _is_for(stmt: ast.stmt) -> bool:
@@ -103,8 +113,8 @@ def _is_return(stmt: ast.stmt) -> bool:
 
 def _selection(stmt: ast.stmt) -> bool:
     """``x = (a if c else [... for ... in ...])``: a list of selected requests."""
-    return (isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.IfExp)
-            and isinstance(stmt.value.orelse, ast.ListComp))
+    value = _assigned(stmt)
+    return isinstance(value, ast.IfExp) and isinstance(value.orelse, ast.ListComp)
 
 
 def _for_writing(*attrs: str) -> Callable[[ast.stmt], bool]:
