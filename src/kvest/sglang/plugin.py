@@ -42,6 +42,14 @@ def _registry() -> tuple[Any, Any] | None:
 def load() -> None:
     """Register kvest's replacements with SGLang (called by ``load_plugins()``)."""
     mode, warning = monitor.mode()
+    # --- kvest.sglang.announce_hook, kvest.sglang.metrics: the status line once
+    # SGLang has configured logging (every mode), and kvest's counters on
+    # SGLang's /metrics; False where the release cannot hook that point.
+    from kvest.sglang import announce_hook, metrics
+
+    after_logging = announce_hook.register_after_logging(
+        sys.modules.get("sglang.srt.plugins.hook_registry"), monitor.announce, metrics.start)
+    # ---
     if warning is not None:
         # Logging is not configured yet in a scheduler process: stderr too.
         warnings.warn(f"kvest: {warning}", RuntimeWarning, stacklevel=2)
@@ -73,6 +81,6 @@ def load() -> None:
     except Exception as exc:  # never break SGLang's start-up
         logger.warning("kvest: SGLang left unpatched: %s: %s", type(exc).__name__, exc)
         return
-    if not found.targets:
+    if not found.targets and not after_logging:
         # Nothing will call kvest, so nothing would announce: say it now.
         monitor.announce()
