@@ -17,6 +17,7 @@ import copy
 import logging
 import sys
 import types
+import typing
 
 import pytest
 
@@ -227,7 +228,7 @@ def test_never_raises_into_sglang(multiproc, caplog):
 class _Registry:
     """SGLang's HookRegistry as far as register_after_logging uses it."""
 
-    hooks: list = []
+    hooks: typing.ClassVar[list] = []
 
     @classmethod
     def register(cls, target, hook, hook_type):

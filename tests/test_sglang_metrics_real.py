@@ -39,7 +39,6 @@ from sglang_releases import real_sglang_missing
 
 try:
     import prometheus_client  # noqa: F401
-    import sglang  # noqa: F401
     import sglang.srt.managers.schedule_batch  # noqa: F401
 except Exception as exc:  # not a real SGLang environment
     pytest.skip(real_sglang_missing(exc), allow_module_level=True)
@@ -165,7 +164,7 @@ def _compare(status: dict, samples: list) -> list:
                   if want.get(k) != got.get(k))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _run(switch: str) -> tuple[dict, str, list]:
     """One scheduler-like process; its results, its log, and /metrics after it exited."""
     directory = tempfile.mkdtemp(prefix="kvest-prom-")
@@ -199,7 +198,7 @@ def _run(switch: str) -> tuple[dict, str, list]:
 
 @pytest.mark.parametrize("switch", list(MODES))
 def test_status_line_once_after_logging_is_configured(switch):
-    result, log, _ = _run(switch)
+    _, log, _ = _run(switch)
     line = re.compile(rf"kvest {re.escape(kvest.__version__)}\b.*\bmode {MODES[switch]}\b")
     found = [entry for entry in log.splitlines() if line.search(entry)]
     assert len(found) == 1, log[-4000:]

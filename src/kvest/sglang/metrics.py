@@ -135,12 +135,9 @@ class _Exporter:
               now: int) -> None:
         before = self.pushed.get(key)
         child = counter.labels(*labels)  # made at the first sync: the series reads 0
-        if before is None or now < before:
-            # First sight, or the in-process counters started again (a new patch):
-            # everything counted since is new.
-            delta = now
-        else:
-            delta = now - before
+        # First sight, or the in-process counters started again (a new patch):
+        # everything they counted is new.
+        delta = now if before is None or now < before else now - before
         if delta:
             child.inc(delta)
         self.pushed[key] = now
