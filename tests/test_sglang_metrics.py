@@ -6,23 +6,18 @@ status function with known counters, :func:`kvest.sglang.metrics.sync`, and the
 values read back the way SGLang's HTTP server does: ``MultiProcessCollector``
 on a fresh ``CollectorRegistry``.  Skipped where prometheus_client is not
 installed, except under ``KVEST_REQUIRE_REAL_SGLANG=1`` (CI's real-SGLang lane
-has it), where that fails.  Also the hook that logs the status line after
-SGLang configured logging, on a stand-in registry (the real one is in
-``test_sglang_metrics_real.py``).
+has it), where that fails.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import sys
-import types
-import typing
 
 import pytest
 
 from kvest._env import flag
-from kvest.sglang import announce_hook, metrics
+from kvest.sglang import metrics
 
 NEW_SHAPE = {
     "kvest": "0.1.0", "implementation": "cython", "sglang": "0.5.23", "mode": "on",
@@ -221,85 +216,3 @@ def test_never_raises_into_sglang(multiproc, caplog):
     with caplog.at_level(logging.WARNING, logger="kvest.sglang"):
         assert not metrics.start(broken, scheduler=True)
     assert "metrics not exported" in caplog.text and metrics._EXPORTER is None
-
-
-# ------------------------------------------------------------------ the post-logging hook
-
-class _Registry:
-    """SGLang's HookRegistry as far as register_after_logging uses it."""
-
-    hooks: typing.ClassVar[list] = []
-
-    @classmethod
-    def register(cls, target, hook, hook_type):
-        cls.hooks.append((target, hook, hook_type))
-
-
-def _hook_registry(after=True):
-    module = types.ModuleType("hook_registry")
-    module.HookRegistry = type("HookRegistry", (_Registry,), {"hooks": []})
-    members = {"REPLACE": "replace", **({"AFTER": "after"} if after else {})}
-    module.HookType = types.SimpleNamespace(**members)
-    return module
-
-
-def test_hook_registered_on_configure_scheduler_process(monkeypatch):
-    scheduler = types.ModuleType(announce_hook.SCHEDULER_MODULE)
-    scheduler.configure_scheduler_process = lambda server_args, gpu_id: None
-    monkeypatch.setitem(sys.modules, announce_hook.SCHEDULER_MODULE, scheduler)
-    registry = _hook_registry()
-    seen = []
-    assert announce_hook.register_after_logging(
-        registry, lambda: seen.append("announce"), lambda: seen.append("metrics"))
-    [(target, hook, hook_type)] = registry.HookRegistry.hooks
-    assert target == "sglang.srt.managers.scheduler.configure_scheduler_process"
-    assert hook_type == "after" and seen == []  # nothing before logging is configured
-    server_args = types.SimpleNamespace(enable_metrics=True)
-    assert hook(None, server_args, 0) is None  # AFTER: upstream's result kept
-    hook(None, server_args, 0)
-    assert seen == ["announce", "metrics"]  # once per process
-    # Without --enable-metrics: the line, no metrics.
-    seen.clear()
-    registry = _hook_registry()
-    announce_hook.register_after_logging(
-        registry, lambda: seen.append("announce"), lambda: seen.append("metrics"))
-    registry.HookRegistry.hooks[0][1](None, server_args=types.SimpleNamespace(
-        enable_metrics=False), gpu_id=0)
-    assert seen == ["announce"]
-
-
-def test_hook_failures_stay_in_kvest(monkeypatch, caplog):
-    scheduler = types.ModuleType(announce_hook.SCHEDULER_MODULE)
-    scheduler.configure_scheduler_process = lambda server_args, gpu_id: None
-    monkeypatch.setitem(sys.modules, announce_hook.SCHEDULER_MODULE, scheduler)
-    registry = _hook_registry()
-
-    def broken():
-        raise RuntimeError("no")
-
-    assert announce_hook.register_after_logging(registry, broken, broken)
-    with caplog.at_level(logging.WARNING, logger="kvest.sglang"):
-        assert registry.HookRegistry.hooks[0][1](None, object(), 0) is None
-    assert "status line not logged" in caplog.text and "metrics not started" in caplog.text
-
-
-def test_no_hook_point_keeps_todays_behaviour(monkeypatch):
-    seen = []
-    # A release without HookType.AFTER, or without a hook registry: not registered,
-    # metrics start at once in a scheduler process.
-    scheduler = types.ModuleType(announce_hook.SCHEDULER_MODULE)
-    scheduler.configure_scheduler_process = lambda server_args, gpu_id: None
-    monkeypatch.setitem(sys.modules, announce_hook.SCHEDULER_MODULE, scheduler)
-    registry = _hook_registry(after=False)
-    assert not announce_hook.register_after_logging(registry, seen.append, lambda: seen.append(1))
-    assert not announce_hook.register_after_logging(None, seen.append, lambda: seen.append(2))
-    assert registry.HookRegistry.hooks == [] and seen == [1, 2]
-    # A release whose scheduler module has no configure_scheduler_process.
-    del scheduler.configure_scheduler_process
-    assert not announce_hook.register_after_logging(_hook_registry(), seen.append)
-    # A process without the scheduler (the engine, the detokenizer): nothing at all.
-    monkeypatch.delitem(sys.modules, announce_hook.SCHEDULER_MODULE)
-    registry = _hook_registry()
-    assert not announce_hook.register_after_logging(registry, seen.append,
-                                                    lambda: seen.append(3))
-    assert registry.HookRegistry.hooks == [] and seen == [1, 2]
