@@ -165,8 +165,9 @@ def _compare(status: dict, samples: list) -> list:
 
 
 @functools.cache
-def _run(switch: str) -> tuple[dict, str, list]:
-    """One scheduler-like process; its results, its log, and /metrics after it exited."""
+def _run(switch: str) -> tuple[dict, str, list, str]:
+    """One scheduler-like process: its results, its log, the multiprocess
+    registry after it exited, and SGLang's /metrics text then."""
     directory = tempfile.mkdtemp(prefix="kvest-prom-")
     result_path = os.path.join(directory, "..", os.path.basename(directory) + ".json")
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=directory, KVEST_METRICS_INTERVAL="0.2",
@@ -190,15 +191,38 @@ def _run(switch: str) -> tuple[dict, str, list]:
     multiprocess.MultiProcessCollector(registry, path=directory)
     final = [[s.name, s.labels, s.value] for f in registry.collect() for s in f.samples
              if s.name.startswith("kvest_")]
+    served = _served(directory)
     for name in os.listdir(directory):
         os.unlink(os.path.join(directory, name))
     os.rmdir(directory)
-    return result, done.stdout + done.stderr, final
+    return result, done.stdout + done.stderr, final, served
+
+
+def _served(directory: str) -> str:
+    """The text SGLang's HTTP server serves on /metrics over that directory
+    (its own ``add_prometheus_middleware``, on a bare Starlette app)."""
+    from sglang.srt.utils.common import add_prometheus_middleware
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    saved = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    try:
+        app = Starlette()
+        add_prometheus_middleware(app)
+        response = TestClient(app).get("/metrics")
+    finally:
+        if saved is None:
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
+        else:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = saved
+    assert response.status_code == 200
+    return response.text
 
 
 @pytest.mark.parametrize("switch", list(MODES))
 def test_status_line_once_after_logging_is_configured(switch):
-    _, log, _ = _run(switch)
+    _, log, _, _ = _run(switch)
     line = re.compile(rf"kvest {re.escape(kvest.__version__)}\b.*\bmode {MODES[switch]}\b")
     found = [entry for entry in log.splitlines() if line.search(entry)]
     assert len(found) == 1, log[-4000:]
@@ -210,7 +234,7 @@ def test_status_line_once_after_logging_is_configured(switch):
 
 @pytest.mark.parametrize("switch", ["unset", "shadow", "0"])
 def test_counters_on_sglangs_metrics(switch):
-    result, _, final = _run(switch)
+    result, _, final, served = _run(switch)
     assert result["started"] and result["synced"]
     status, samples = result["after_sync"]
     assert _compare(status, samples) == []
@@ -228,6 +252,10 @@ def test_counters_on_sglangs_metrics(switch):
     # as SGLang's HTTP server reads a scheduler's files).
     assert _compare(*result["after_thread"]) == []
     assert _compare(result["at_exit"], final) == []
+    # ... and on SGLang's own /metrics, every series with its value.
+    for (name, *labels), value in _expected(result["at_exit"]).items():
+        text = ",".join(f'{k}="{v}"' for k, v in labels)
+        assert f"{name}{{{text}}} {value}" in served.splitlines(), (name, labels, value)
     if switch != "0":
         later = metrics._counters(result["at_exit"]["hotspots"].get(
             "new_tokens_required_next_decode", {}))
