@@ -8,7 +8,9 @@ and compiling them again with kernels swapped in), :mod:`~kvest.sglang.kernels`
 spots live and what is done with each), :mod:`~kvest.sglang.plugin` (the entry
 point SGLang loads in every process), :mod:`~kvest.sglang.patch` (the same, by
 hand and reversible), :mod:`~kvest.sglang.monitor` (``status()``, counters,
-shadow mode, the log line), :mod:`~kvest.sglang.upstream` (SGLang's code loaded
+shadow mode, the log line), :mod:`~kvest.sglang.announce_hook` (the log line
+once SGLang configured logging), :mod:`~kvest.sglang.metrics` (the counters on
+SGLang's Prometheus ``/metrics``), :mod:`~kvest.sglang.upstream` (SGLang's code loaded
 from its files, for the doctor) and :mod:`~kvest.sglang.doctor`
 (``python -m kvest sglang``).
 """

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kvest.sglang import monitor, parity, upstream
+from kvest.sglang import monitor, parity, registry, upstream
 from kvest.sglang.monitor import Mode
 
 
@@ -89,7 +89,7 @@ def _check(source: upstream.SourceTree, args: argparse.Namespace) -> int:
                       "_new_tokens_required_next_decode_spec_v2")}
         originals["page_aligned_decode_alloc_lens"] = tree.alloc_function(
             "page_aligned_decode_alloc_lens")
-        originals["get_num_new_pages"] = tree.modules["sglang.srt.utils.common"].get_num_new_pages
+        originals["get_num_new_pages"] = tree.modules[registry.COMMON].get_num_new_pages
         if mode is not Mode.ON:
             # What status() and the log say in that mode, from the same plan.
             plan(import_modules=False, mode=mode, reason=reason, complete=True)
@@ -147,7 +147,7 @@ def _source(root: str | None, stack: contextlib.ExitStack) -> upstream.SourceTre
     if path.is_file():
         cache = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvest-doctor-"))
         return upstream.wheel(path, cache=cache)
-    batch = "sglang/srt/managers/schedule_batch.py"
+    batch = registry.module_file(registry.BATCH)
     if not (path / batch).is_file():
         raise ValueError(f"{root}: no {batch} below it (not an SGLang tree)")
     # The version is only for the report (a wheel's sglang/_version.py has it).
@@ -175,7 +175,7 @@ def _switches(installed: bool) -> tuple[Mode, str]:
     plugins = monitor.plugins_reason()
     if plugins is not None:
         return Mode.OFF, plugins + ": kvest is not loaded" + suffix
-    points = [ep for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")
+    points = [ep for ep in importlib.metadata.entry_points(group=registry.PLUGINS)
               if ep.name == "kvest"]
     if not points:
         return Mode.OFF, "kvest's entry point is not installed: kvest is not loaded" + suffix

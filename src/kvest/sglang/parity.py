@@ -34,7 +34,7 @@ import numpy as np
 
 from kvest._bench.requests import FlatReq, MixedReq, NestedReq
 from kvest.sglang import fingerprint, rewrite, upstream
-from kvest.sglang.registry import KINDS
+from kvest.sglang.registry import COMMON, EAGLE_UTILS, KINDS
 
 __all__ = ["BeamGroup", "Unpatched", "request_maker", "self_test", "statement_pair"]
 
@@ -250,11 +250,11 @@ def self_test(tree: upstream.StandinTree, plan: Any, originals: dict[str, Any], 
                      max(1, batches // 4), rng, check)
 
     replaced = {t.spot for t in plan.targets}
-    eagle = tree.modules.get("sglang.srt.speculative.eagle_utils")
+    eagle = tree.modules.get(EAGLE_UTILS)
     alloc_lens = getattr(eagle, "page_aligned_decode_alloc_lens", None)
     if getattr(alloc_lens, "__kvest_original__", None) is None:
         alloc_lens = None
-    common = tree.modules["sglang.srt.utils.common"]
+    common = tree.modules[COMMON]
     pages_fn = common.get_num_new_pages
     if getattr(pages_fn, "__kvest_original__", None) is None or torch is None:
         pages_fn = None

@@ -10,8 +10,10 @@ inside every scheduler without any change to how SGLang is launched.
 - Only processes that already loaded the scheduler's modules are touched:
   kvest never imports the scheduler into the processes that do not use it
   (the engine, the detokenizer), which log one DEBUG line.
-- The status line is logged on the first call of a replaced function, once
-  SGLang has configured logging; :func:`kvest.sglang.status` returns it.
+- The status line is logged once SGLang has configured logging, in every mode
+  (:mod:`kvest.sglang.announce_hook`; where a release cannot hook that point,
+  on the first call of a replaced function); :func:`kvest.sglang.status`
+  returns the same, and :mod:`kvest.sglang.metrics` exports its counters.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import warnings
 from typing import Any
 
 from kvest.sglang import monitor
+from kvest.sglang.registry import HOOK_REGISTRY
 
 __all__ = ["load"]
 
@@ -30,7 +33,7 @@ logger = logging.getLogger("kvest.sglang")
 
 def _registry() -> tuple[Any, Any] | None:
     """SGLang's HookRegistry and HookType.REPLACE, where the release has them."""
-    module = sys.modules.get("sglang.srt.plugins.hook_registry")
+    module = sys.modules.get(HOOK_REGISTRY)
     registry = getattr(module, "HookRegistry", None)
     hook_type = getattr(module, "HookType", None)
     replace = getattr(hook_type, "REPLACE", None)
@@ -42,6 +45,12 @@ def _registry() -> tuple[Any, Any] | None:
 def load() -> None:
     """Register kvest's replacements with SGLang (called by ``load_plugins()``)."""
     choice = monitor.switch()
+    # The status line once SGLang has configured logging (every mode), and kvest's
+    # counters on SGLang's /metrics; False where the release cannot hook that point.
+    from kvest.sglang import announce_hook, metrics
+
+    after_logging = announce_hook.register_after_logging(
+        sys.modules.get(HOOK_REGISTRY), monitor.announce, metrics.start)
     if choice.warning is not None:
         # Logging is not configured yet in a scheduler process: stderr too.
         warnings.warn(f"kvest: {choice.warning}", RuntimeWarning, stacklevel=2)
@@ -70,6 +79,6 @@ def load() -> None:
         monitor.failed(f"{type(exc).__name__}: {exc}")
         logger.warning("kvest: SGLang left unpatched: %s: %s", type(exc).__name__, exc)
         return
-    if not found.targets:
+    if not found.targets and not after_logging:
         # Nothing will call kvest, so nothing would announce: say it now.
         monitor.announce()

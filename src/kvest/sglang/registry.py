@@ -233,7 +233,7 @@ KINDS: Mapping[str, Kind] = _kinds(
 
 # ------------------------------------------------------------------ where they live
 
-BATCH = "sglang.srt.managers.schedule_batch"
+BATCH = "sglang.srt.managers.schedule_batch"  # loaded: this process runs the scheduler
 COMMON = "sglang.srt.utils.common"
 ALLOCATION = "sglang.srt.mem_cache.allocation"
 ALLOC_SIZING = "sglang.srt.mem_cache.allocation_sizing"
@@ -335,7 +335,17 @@ ALLOC_SETTINGS = ("get_alloc_page_size", "get_alloc_len_per_decode",
                   "get_alloc_reserve_per_decode")
 BATCH_HELPERS = ("is_spec_v2",)
 VERSION_MODULE = "sglang.version"
-PLUGIN_MODULES = ("sglang.srt.plugins.__init__", "sglang.srt.plugins.hook_registry")
+PLUGINS = "sglang.srt.plugins"  # load_plugins(); also the entry points' group
+HOOK_REGISTRY = "sglang.srt.plugins.hook_registry"
+PLUGIN_MODULES = (f"{PLUGINS}.__init__", HOOK_REGISTRY)
+# The point after which a scheduler process has configured logging (HookType.AFTER).
+SCHEDULER = "sglang.srt.managers.scheduler"
+LOGGING_CONFIGURED = f"{SCHEDULER}.configure_scheduler_process"
+# The stand-ins' settings: server args, the speculative algorithm, the runtime context.
+SERVER_ARGS = "sglang.srt.server_args"
+SPEC_INFO = "sglang.srt.speculative.spec_info"
+RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+ENVIRON = "sglang.srt.environ"
 
 
 def module_file(module: str) -> str:

@@ -100,7 +100,7 @@ def installed() -> SourceTree | None:
     except importlib.metadata.PackageNotFoundError:
         return None
     root = Path(str(dist.locate_file("")))
-    if not (root / "sglang/srt/managers/schedule_batch.py").is_file():
+    if not (root / registry.module_file(registry.BATCH)).is_file():
         return None
     return SourceTree(root, dist.version)
 
@@ -339,18 +339,17 @@ class StandinTree:
     def _build(self) -> None:
         functions, methods_wanted = _wanted()  # read now: a test may add a hot spot
         wanted = [*functions, registry.BATCH, *registry.INT32_CALLER_MODULES,
-                  "sglang.srt.server_args", "sglang.srt.speculative.spec_info",
-                  "sglang.srt.runtime_context"]
+                  registry.SERVER_ARGS, registry.SPEC_INFO, registry.RUNTIME_CONTEXT]
         for name in wanted:
             parts = name.split(".")
             for depth in range(1, len(parts)):
                 self._module(".".join(parts[:depth]), package=True)
         self.modules["sglang"].__version__ = self.version  # type: ignore[attr-defined]
-        server_args = self._module("sglang.srt.server_args")
+        server_args = self._module(registry.SERVER_ARGS)
         server_args.ServerArgs = Config  # type: ignore[attr-defined]
-        self._module("sglang.srt.speculative.spec_info").SpeculativeAlgorithm = (  # type: ignore[attr-defined]
+        self._module(registry.SPEC_INFO).SpeculativeAlgorithm = (  # type: ignore[attr-defined]
             SpeculativeAlgorithm)
-        self._module("sglang.srt.runtime_context")
+        self._module(registry.RUNTIME_CONTEXT)
 
         loaded = {name: module for name, module in
                   ((name, self._load(registry.module_file(name), names))
@@ -428,7 +427,7 @@ class StandinTree:
 
     @property
     def batch_class(self) -> type:
-        return self.modules["sglang.srt.managers.schedule_batch"].ScheduleBatch  # type: ignore[no-any-return]
+        return self.modules[registry.BATCH].ScheduleBatch  # type: ignore[no-any-return]
 
     def batch(self, reqs: Any, page_size: int, algorithm: str | None = None,
               overlap: bool = False) -> Any:
@@ -436,7 +435,7 @@ class StandinTree:
 
     def layout(self) -> dict[str, str]:
         """Where this release's estimator reads each length: ``"flat"`` or ``"nested"``."""
-        relpath = "sglang/srt/managers/schedule_batch.py"
+        relpath = registry.module_file(registry.BATCH)
         cls_node = _find(self.source.tree(relpath), "ScheduleBatch")
         found: dict[str, str] = {}
         for node in ast.walk(cls_node):  # type: ignore[arg-type]
@@ -449,7 +448,7 @@ class StandinTree:
     def has(self, what: str) -> bool:
         """Feature probes the doctor and the tests use to pick what to exercise."""
         if what == "beam_rows":
-            batch_module = self.modules["sglang.srt.managers.schedule_batch"]
+            batch_module = self.modules[registry.BATCH]
             return "num_beam_member_rows" in batch_module.__dict__
         if what == "spec_v1":
             return "is_spec_v2" in vars(self.batch_class)
@@ -518,20 +517,19 @@ class _EnvStr:
 
 
 def _load_plugin_framework(standins: StandinTree) -> None:
-    environ = types.ModuleType("sglang.srt.environ")
+    environ = types.ModuleType(registry.ENVIRON)
     environ.envs = types.SimpleNamespace(  # type: ignore[attr-defined]
         SGLANG_PLUGINS=_EnvStr("SGLANG_PLUGINS"), SGLANG_PLATFORM=_EnvStr("SGLANG_PLATFORM"))
-    sys.modules["sglang.srt.environ"] = environ
-    standins.modules["sglang.srt.environ"] = environ
-    init = standins.source.path("sglang/srt/plugins/__init__.py")
+    sys.modules[registry.ENVIRON] = environ
+    standins.modules[registry.ENVIRON] = environ
+    init = standins.source.path(registry.module_file(f"{registry.PLUGINS}.__init__"))
     if not init.is_file():
         raise LookupError(f"{standins.source}: no plugin framework")
     spec = importlib.util.spec_from_file_location(
-        "sglang.srt.plugins", init, submodule_search_locations=[str(init.parent)])
+        registry.PLUGINS, init, submodule_search_locations=[str(init.parent)])
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["sglang.srt.plugins"] = module
-    standins.modules["sglang.srt.plugins"] = module
+    sys.modules[registry.PLUGINS] = module
+    standins.modules[registry.PLUGINS] = module
     spec.loader.exec_module(module)
-    standins.modules["sglang.srt.plugins.hook_registry"] = sys.modules[
-        "sglang.srt.plugins.hook_registry"]
+    standins.modules[registry.HOOK_REGISTRY] = sys.modules[registry.HOOK_REGISTRY]
