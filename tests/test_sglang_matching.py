@@ -87,3 +87,12 @@ def prepare(batch):
 ])
 def test_which_callers_get_int32_arrays(source, ok):
     assert _int32_tensor_use(ast.parse(source), "page_aligned_decode_alloc_lens")[0] is ok
+
+
+def test_the_docs_table_is_the_registry():
+    """docs/sglang.md's pattern table is made from the registry and patterns.json."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "sglang.md"
+    assert patterns.table() in docs.read_text(), (
+        "docs/sglang.md's table is stale: paste kvest.sglang.patterns.table() there")

@@ -88,3 +88,26 @@ def older() -> dict[str, Older]:
 
 def by_kind(kind: str) -> list[Pattern]:
     return [p for p in load() if p.kind == kind]
+
+
+def _releases(found: list[str]) -> str:
+    """``0.5.11-0.5.18`` from a sorted list of versions."""
+    return found[0] if found[0] == found[-1] else f"{found[0]}-{found[-1]}"
+
+
+def table() -> str:
+    """docs/sglang.md's pattern table, made from the registry and ``patterns.json``
+    (``tests/test_sglang_matching.py`` checks the page holds it as made here)."""
+    from kvest.sglang.registry import HELPERS, HOTSPOTS
+
+    rows = ["| hot spot (function) | kind | patterns (releases) | kernel |",
+            "| --- | --- | --- | --- |"]
+    for spot in (*HOTSPOTS.values(), *HELPERS.values()):
+        for use in (*spot.uses, *spot.forms):
+            kind = KINDS[use.kind]
+            found = [p for p in by_kind(use.kind) if spot.qualname in p.functions]
+            seen = ", ".join(f"`{p.id}` ({_releases(list(p.releases))})" for p in found)
+            where = f"`{spot.qualname}`" + (" in its callers" if use in spot.forms else "")
+            rows.append(f"| {where} | `{kind.name}`: {kind.summary} | {seen or 'none yet'} "
+                        f"| {kind.kernel or 'checked, never replaced'} |")
+    return "\n".join(rows)
