@@ -75,6 +75,7 @@ def _child(result_path: str) -> None:  # runs in a fresh interpreter
         gpu_id=0))
     scheduler.configure_scheduler_process(server_args, 0)  # logging configured here
     started = child_metrics._EXPORTER is not None
+    states = {name: spot["state"] for name, spot in kvest.sglang.status()["hotspots"].items()}
 
     rng = random.Random(0)
     counter = iter(range(10**9))
@@ -115,7 +116,7 @@ def _child(result_path: str) -> None:  # runs in a fresh interpreter
         return [[s.name, s.labels, s.value] for f in registry.collect() for s in f.samples
                 if s.name.startswith("kvest_")]
 
-    result = {"started": started}
+    result = {"started": started, "states": states}
     decode(40)
     saved = reqs[0].kv.kv_committed_len
     reqs[0].kv.kv_committed_len = True  # not an exact int: the kernel declines
@@ -230,6 +231,43 @@ def test_status_line_once_after_logging_is_configured(switch):
     assert re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]]*\] kvest ", found[0]), found[0]
     if switch == "bogus":
         assert "KVEST_SGLANG='bogus'" in log
+
+
+def _doctor_states(switch: str) -> dict[str, str]:
+    """The hot spots' states the doctor reports for a scheduler process here."""
+    env = dict(os.environ)
+    env.pop("KVEST_SGLANG", None)
+    env.pop("SGLANG_PLUGINS", None)
+    if switch != "unset":
+        env["KVEST_SGLANG"] = switch
+    done = subprocess.run([sys.executable, "-m", "kvest", "sglang", "--batches", "5"], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    lines = done.stdout.splitlines()
+    start = lines.index("the hot spots, as status() and the log give them in that process:")
+    states = {}
+    for line in lines[start + 1:]:
+        match = re.match(r"  (\w+): ([a-z][a-z ]*?)(?: \(|$)", line)
+        if not line.startswith("  "):
+            break
+        if match:
+            states[match.group(1)] = match.group(2)
+    return states
+
+
+@pytest.mark.parametrize("switch", list(MODES))
+def test_the_doctor_status_and_the_log_agree(switch):
+    """One truth: in a scheduler process started as SGLang starts one, the
+    states status() gives, the doctor's report for this installation and the
+    status line name the same hot spots with the same states, in every mode."""
+    result, log, _, _ = _run(switch)
+    assert _doctor_states(switch) == result["states"]
+    line = next(entry for entry in log.splitlines() if f"kvest {kvest.__version__}" in entry)
+    for name, state in result["states"].items():
+        if state in ("replaced", "shadow"):
+            assert f"{name} {state} (" in line, (name, line)
+        else:
+            assert f"{name} replaced" not in line and f"{name} shadow" not in line
 
 
 @pytest.mark.parametrize("switch", ["unset", "shadow", "0"])
