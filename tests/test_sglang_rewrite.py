@@ -401,6 +401,23 @@ def test_a_changed_helper_is_said_plainly(rebind, says, tmp_path):
             handle.undo()
 
 
+def test_a_helper_whose_code_is_replaced_declines():
+    """An autoreload replaces a function's ``__code__`` and keeps the object:
+    the kernel declines, and upstream's loop calls the new code."""
+    with standin_tree(NEWEST) as tree:
+        common = tree.modules["sglang.srt.utils.common"]
+        handle = kvest.sglang.patch()
+        saved = common.ceil_div.__code__
+        try:
+            common.ceil_div.__code__ = (lambda x, y: 0).__code__
+            reqs = _requests(tree, random.Random(2), 16, n=8)
+            batch = tree.batch(reqs, 16, "EAGLE")
+            assert batch._new_tokens_required_next_decode_spec_v2(reqs, 16) == 0
+        finally:
+            common.ceil_div.__code__ = saved
+            handle.undo()
+
+
 def test_a_shadowed_helper_declines(tmp_path):
     """``ceil_align`` must be the function kvest matched: rebound in the
     module after patching, the kernel declines and upstream's loop answers."""

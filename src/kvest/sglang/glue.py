@@ -136,12 +136,15 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
     factor, layout = pattern.reserve_factor, pattern.layout
     ceil_align, ceil_div = checked["ceil_align"], checked["ceil_div"]
     home = ceil_align.__globals__
+    # A helper's code replaced in place (an autoreload) keeps its identity.
+    align_code, div_code = ceil_align.__code__, ceil_div.__code__
 
     def spec_v2_total(total: Any, requests: Any, page_size: Any, reserve: Any, max_: Any,
                       ceil_align_: Any) -> int:
         if not _STATE.announced:
             _first_call()
         if (max_ is _MAX and ceil_align_ is ceil_align and home.get("ceil_div") is ceil_div
+                and ceil_align.__code__ is align_code and ceil_div.__code__ is div_code
                 and type(total) is int and type(requests) in _SEQUENCES
                 and type(page_size) is int and page_size >= 1 and type(reserve) is int
                 and reserve >= 0):
