@@ -293,7 +293,8 @@ def test_spawned_process_runs_on_kvest(off, monkeypatch):
     assert process.exitcode == 0
     assert replaced is not off
     if off:
-        assert mode == "off" and len(records) == 1 and "off (KVEST_SGLANG)" in records[0]
+        assert mode == "off" and len(records) == 1
+        assert "mode off (KVEST_SGLANG='0' turns kvest off)" in records[0]
     else:  # the status line waits for the first call, when logging is configured
         assert mode == "on" and state == "replaced" and records == []
 
