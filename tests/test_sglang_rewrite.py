@@ -454,7 +454,12 @@ EAGLE = "sglang/srt/speculative/eagle_utils.py"
      "    assert batch.reqs is not None\n"
      "    for r in batch.reqs:\n        r.decode_batch_idx += 1\n",
      "eagle_prepare_for_decode", True, 0),
-], ids=["edited inside (eagle)", "edited inside (method)", "edited around (eagle)"])
+    # (a branch added inside the loop: still the loop kvest knows, left alone and said)
+    (EAGLE, "    for r in batch.reqs:\n        r.decode_batch_idx += 1\n",
+     "    for r in batch.reqs:\n        if r is not None:\n            r.decode_batch_idx += 1\n",
+     "eagle_prepare_for_decode", False, -1),
+], ids=["edited inside (eagle)", "edited inside (method)", "edited around (eagle)",
+        "a branch inside (eagle)"])
 def test_the_batch_index_loop_is_compiled_only_as_shipped(rel, old, new, spot, kept, above,
                                                           tmp_path):
     """``decode_batch_idx += 1`` over the batch: an edit inside the loop leaves

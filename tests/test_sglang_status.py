@@ -259,26 +259,39 @@ def _raiser(*args, **kwargs):
     raise LookupError("the shadowing definition ran")
 
 
+def _layouts():
+    """The newest release at hand of each request layout (flat, mixed, nested)."""
+    newest = {}
+    for tree_source in releases():
+        with standin_tree(tree_source) as tree:
+            newest[parity.request_maker(tree.layout())] = tree_source
+    return list(newest.values())
+
+
 def _statements():
-    """(hot spot, analysis, found) for every statement kvest swaps in the newest
-    release at hand."""
-    with standin_tree(NEWEST) as tree, warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        handle = kvest.sglang.patch()
-        handle.undo()
-        del tree
-    return [(t.spot, t.analysis, s.found) for t in handle.plan.targets for s in t.swaps]
+    """(release, hot spot, analysis, found) for every statement kvest swaps in
+    the newest release of each layout at hand."""
+    cases = []
+    for tree_source in _layouts():
+        with standin_tree(tree_source), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            handle = kvest.sglang.patch()
+            handle.undo()
+        cases += [(tree_source, t.spot, t.analysis, s.found) for t in handle.plan.targets
+                  for s in t.swaps]
+    return cases
 
 
-@pytest.mark.parametrize("case", _statements(), ids=lambda c: f"{c[0]}:{c[2].pattern.id}")
+@pytest.mark.parametrize("case", _statements(),
+                         ids=lambda c: f"{c[0].version}:{c[1]}:{c[3].pattern.id}")
 def test_a_shadowed_builtin_is_left_to_upstream(case):
     """Every builtin a swapped statement reads, shadowed at module level (a
     ``def max`` or ``max = ...`` added to the file, before or after import):
     the statement is upstream's, so the shadowing definition runs."""
     import builtins
 
-    name, analysis, found = case
-    with standin_tree(NEWEST) as tree:
+    tree_source, name, analysis, found = case
+    with standin_tree(tree_source) as tree:
         alone, swapped, params = parity.statement_pair(analysis, found, name)
         namespace = alone.__globals__
         builtins_read = [g for g in found.pattern.globals if hasattr(builtins, g)]
