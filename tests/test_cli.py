@@ -83,8 +83,120 @@ def test_plot_without_matplotlib_stops_before_the_run(argv, monkeypatch, capsys)
     assert stop.value.code == 2
     assert ran == []
     err = capsys.readouterr().err
-    assert "needs matplotlib" in err and "pip install" in err
+    assert "needs matplotlib" in err and "pip install matplotlib" in err
+    assert "kvest[" not in err  # kvest is on no package index: no `pip install "kvest[plot]"`
     assert "Traceback" not in err
+
+
+def _bad_paths(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    return [
+        (str(tmp_path / "no" / "such" / "dir" / "x.png"), "no such directory"),
+        (str(a_file / "x.png"), "not a directory"),
+        (str(tmp_path), "is a directory"),
+        (str(tmp_path / "x.nosuchformat"), "cannot write .nosuchformat"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("extra", [[], ["--quick"], ["--sglang", "--quick"]])
+def test_plot_path_checked_before_the_run(case, extra, tmp_path, monkeypatch, capsys):
+    """`--plot /no/such/dir/x.png`: exit 2 at once, the path named, not a
+    traceback after minutes of benchmark."""
+    pytest.importorskip("matplotlib")
+    from kvest._bench import run
+
+    path, reason = _bad_paths(tmp_path)[case]
+    ran = []
+    monkeypatch.setattr(run, "run", lambda **kwargs: ran.append(kwargs) or 0)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", *extra, "--plot", path])
+    assert stop.value.code == 2
+    assert ran == []
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m kvest bench")
+    assert f"--plot {path}: " in err and reason in err
+    assert "Traceback" not in err
+
+
+def test_plot_checks_the_sglang_figure_too(tmp_path, monkeypatch, capsys):
+    """The real-SGLang figure goes beside the named one (x-sglang.png)."""
+    pytest.importorskip("matplotlib")
+    from kvest._bench import run
+
+    (tmp_path / "x-sglang.png").mkdir()
+    monkeypatch.setattr(run, "run", lambda **kwargs: 0)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--plot", str(tmp_path / "x.png")])
+    assert stop.value.code == 2
+    assert "x-sglang.png is a directory" in capsys.readouterr().err
+    assert run.suffixed("a.b/x", "-sglang") == "a.b/x-sglang"
+    assert run.suffixed("out.png", "-sglang") == "out-sglang.png"
+
+
+def test_plot_into_a_folder_that_is_not_writable(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    import os
+
+    from kvest._bench import run
+
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False
+                        if str(p) == str(tmp_path) else real_access(p, mode, *a, **k))
+    monkeypatch.setattr(run, "run", lambda **kwargs: 0)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--plot", str(tmp_path / "x.png")])
+    assert stop.value.code == 2
+    assert f"cannot create files in {tmp_path}" in capsys.readouterr().err
+
+
+def test_plot_with_a_broken_matplotlib_stops_before_the_run(monkeypatch, capsys, tmp_path):
+    """Found but failing to import is as good as missing."""
+    from kvest._bench import run
+
+    monkeypatch.setitem(sys.modules, "matplotlib.backend_bases", None)
+    monkeypatch.setattr(run, "run", lambda **kwargs: pytest.fail("the benchmark ran"))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--plot", str(tmp_path / "x.png")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "needs matplotlib" in err and "pip install matplotlib" in err
+
+
+def test_good_plot_and_markdown_paths_reach_the_run(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from kvest._bench import run
+
+    seen = {}
+    monkeypatch.setattr(run, "run", lambda **kwargs: seen.update(kwargs) or 0)
+    plot, md = str(tmp_path / "x.png"), str(tmp_path / "t.md")
+    assert cli.main(["bench", "--quick", "--plot", plot, "--markdown", md]) == 0
+    assert seen["plot_path"] == plot and seen["markdown"] == md
+
+
+def test_markdown_path_checked_before_the_run(tmp_path, monkeypatch, capsys):
+    from kvest._bench import run
+
+    path = str(tmp_path / "missing" / "t.md")
+    monkeypatch.setattr(run, "run", lambda **kwargs: pytest.fail("the benchmark ran"))
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["bench", "--markdown", path])
+    assert stop.value.code == 2
+    assert f"--markdown {path}: no such directory" in capsys.readouterr().err
+
+
+def test_plot_from_the_shell_fails_at_once(tmp_path):
+    """The command as a user types it: seconds, exit 2, the path named."""
+    pytest.importorskip("matplotlib")
+    path = str(tmp_path / "no" / "such" / "dir" / "x.png")
+    done = subprocess.run([sys.executable, "-m", "kvest", "bench", "--plot", path],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert f"--plot {path}: no such directory" in done.stderr
+    assert "Traceback" not in done.stderr
+    # Nothing ran: no banner (``kvest bench: <machine>``), no progress line.
+    assert not any(line.startswith(("kvest bench", "[")) for line in done.stderr.splitlines())
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"]])

@@ -4,6 +4,7 @@ write the Markdown and the figures asked for."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 
@@ -15,9 +16,10 @@ from kvest._bench.timing import machine
 FULL, QUICK = (9, 0.01), (5, 0.002)
 
 
-def _suffixed(path: str, suffix: str) -> str:
-    stem, dot, ext = path.rpartition(".")
-    return f"{stem}{suffix}.{ext}" if dot else path + suffix
+def suffixed(path: str, suffix: str) -> str:
+    """``out.png`` -> ``out-sglang.png``: the suffix before the file's extension."""
+    stem, ext = os.path.splitext(path)
+    return f"{stem}{suffix}{ext}"
 
 
 def run(quick: bool = False, plot_path: str | None = None, markdown: str | None = None,
@@ -77,7 +79,7 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
             plots.plot_arrays(rows, plot_path)
             print(f"\nplot written to {plot_path}")
         if steps:
-            step_path = _suffixed(plot_path, "-sglang")
+            step_path = suffixed(plot_path, "-sglang")
             plots.plot_sglang(steps, step_path, sglang_step.upstream().version)
             print(f"plot written to {step_path}")
     if markdown:
