@@ -35,9 +35,15 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
         arrays.FUNCTIONS[:1] if quick else arrays.FUNCTIONS, samples, target, progress=say)
     object_rows = [] if sglang_only else objects.run_objects(
         objects.QUICK_SIZES if quick else objects.SIZES, samples, target, progress=say)
-    why_not = sglang_step.available()
-    steps = [] if why_not else sglang_step.run_section(
-        sglang_step.QUICK_SIZES if quick else sglang_step.SIZES, samples, target, progress=say)
+    section = sglang_step.plan(quick)
+    why_not: str | None = None
+    try:
+        steps = sglang_step.run_section(section, samples, target, progress=say)
+    except sglang_step.Unavailable as exc:
+        why_not, steps = str(exc), sglang_step.StepRows()
+        if sglang_only:  # nothing else to run: say so, not a run of nothing
+            say(f"bench --sglang: nothing to measure: {why_not}")
+            return 2
     elapsed = time.perf_counter() - start
     print(f"\nmedian time per call, {samples} samples each, implementations interleaved; "
           f"{elapsed:.0f} s\n")
@@ -57,9 +63,10 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
                   ("Targets on the release-shaped stand-ins (kvest with the release's layout "
                    "against the release's loop):", verdicts(judged, True))]
     if steps:
-        version = sglang_step.upstream().version
+        version = steps.version
         title = (f"The decode step as the scheduler runs it, real sglang {version}: "
-                 f"{sglang_step.PAIRS} pairs of processes after load_plugins() (one of each "
+                 f"{section.pairs} {'pair' if section.pairs == 1 else 'pairs'} of processes "
+                 "after load_plugins() (one of each "
                  "with KVEST_SGLANG=0), real `Req`, "
                  "`ScheduleBatch`, `ReqToTokenPool` and `PagedTokenToKVPoolAllocator` on CPU, "
                  f"the slot search answered at once, page size {sglang_step.PAGE_SIZE}, "
@@ -80,7 +87,7 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
             print(f"\nplot written to {plot_path}")
         if steps:
             step_path = suffixed(plot_path, "-sglang")
-            plots.plot_sglang(steps, step_path, sglang_step.upstream().version)
+            plots.plot_sglang(steps, step_path, steps.version or "?")
             print(f"plot written to {step_path}")
     if markdown:
         cmd = "python -m kvest bench" + (" --quick" if quick else "") + (
