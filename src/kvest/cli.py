@@ -158,7 +158,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true",
                        help="a shorter run, seconds rather than minutes: spec_v2 only "
                             "on arrays, page sizes 16 and 100, fewer batch sizes and "
-                            "samples in every section")
+                            "samples in every section; real SGLang on one pair of worker "
+                            "processes at batch sizes 1 and 1,024")
     bench.add_argument("--plot", metavar="FILE.png", nargs="?", const=DEFAULT_PLOT,
                        help="also draw time per request (needs matplotlib); FILE.png "
                             f"defaults to {DEFAULT_PLOT}")
