@@ -87,11 +87,12 @@ class Plan:
     workers the samples are spread over, and whether the bound is timed.
 
     Where the time of a run goes, on 2 cores: each worker's start (importing
-    SGLang's scheduler, ~10 s of CPU each: 9 workers in a full run), and in
-    each cell building the world and comparing both sides' outcomes (about 1 s
-    at 1,024 requests and 6 s at 4,096, once per worker), not the timed calls.
-    --quick therefore runs one pair without the bound, at the two sizes
-    the headline and targets need; the full run is unchanged."""
+    SGLang's scheduler, over 10 s of CPU each, 9 workers in a full run), and
+    in each cell building the world and comparing both sides' outcomes (a
+    digest of every request's row of the pool: about a second a cell at 1,024
+    requests, several at 4,096), far more than the timed calls.  --quick
+    therefore runs one pair without the bound, at n = 1 and the size the
+    headline and targets read; the full run is unchanged."""
 
     sizes: tuple[int, ...]
     pairs: int = PAIRS
@@ -586,7 +587,6 @@ class StepRows(list):  # type: ignore[type-arg]
 
     lines: dict[tuple[str, str, int], int] | None = None
     status: dict[str, Any] | None = None
-    plan: Plan | None = None
     version: str | None = None  # the workers' sglang
 
 
@@ -631,7 +631,6 @@ def run_section(sizes: list[int] | Plan, samples: int, target: float,
         if progress:
             progress(f"line events of one step at n = {LINE_SIZES[0]} and {LINE_SIZES[1]}")
         rows.lines = pairs.lines()
-    rows.plan = the_plan
     return rows
 
 
