@@ -78,6 +78,11 @@ def test_readme_is_for_users():
     assert tables < 0.25 * len(text)
     assert "pip install . && python -m kvest" in text
     assert 'pip install ".[test]" && pytest' in text
+    # The adoption as it works without a package index: a wheel built in the
+    # clone, installed with the pip of SGLang's environment.
+    adoption = text.split("<!-- sglang-adoption:start -->")[1].split("<!-- sglang-adoption:end")[0]
+    assert "pip wheel --no-deps -w dist ." in adoption
+    assert "/bin/pip install dist/kvest-*.whl" in adoption
     assert text.count("<!-- sglang-adoption:start -->") == 1
     assert text.count("<!-- sglang-adoption:end -->") == 1
     for path in re.findall(r"\]\(([^)#]+)\)", text):
@@ -97,3 +102,42 @@ def test_no_path_outside_the_repository():
         text = path.read_text(encoding="utf-8")
         for bad in ("../shared", "shared/sglang-cpu", "/work/", "/root/", "/home/"):
             assert bad not in text, f"{path.relative_to(ROOT)} names {bad}"
+
+
+# `pip install kvest`, `pip install "kvest[plot]"`, `pip install -U kvest`: an
+# install from a package index, where kvest is not (yet).  A wheel's path
+# (dist/kvest-*.whl) or the clone (`.`, ".[plot]") is not one.
+_FROM_AN_INDEX = re.compile(r"""pip install\s+(?:-\S+\s+)*["']?kvest(?![-\w./])""")
+
+
+def _install_hint_files() -> list[Path]:
+    files = [README, *(ROOT / "docs").glob("*.md")]
+    for folder in ("src", "tools"):
+        for pattern in ("*.py", "*.pyx", "*.md", "*.sh", "*.txt"):
+            files += [p for p in (ROOT / folder).rglob(pattern) if ".egg-info" not in str(p)]
+    return [p for p in files if p.is_file()]
+
+
+def test_index_install_hint_pattern():
+    hits = ["pip install kvest", 'pip install "kvest[plot]"', "pip install -U kvest==0.1",
+            "pip install kvest[test]", "`pip install kvest`."]
+    misses = ["pip install dist/kvest-*.whl", 'pip install ".[plot]"', "pip install .",
+              "pip install kvest-0.1.0-cp311-cp311-linux_x86_64.whl", "pip install kvestx",
+              "pip install /path/to/kvest", "pip install ./kvest"]
+    assert all(_FROM_AN_INDEX.search(s) for s in hits), hits
+    assert not any(_FROM_AN_INDEX.search(s) for s in misses), misses
+
+
+def test_no_install_from_an_index_but_for_a_published_release():
+    """kvest is on no package index: every install hint (README, docs/, the
+    messages in src/, tools/) builds or installs from a clone, except in a
+    paragraph marked as being about a published release."""
+    if not (ROOT / "docs").is_dir() or not README.is_file():
+        pytest.skip("not a checkout")
+    for path in _install_hint_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for paragraph in re.split(r"\n\s*\n", text):
+            if _FROM_AN_INDEX.search(paragraph):
+                assert "published release" in paragraph, (
+                    f"{path.relative_to(ROOT)}: an install from a package index, "
+                    f"unmarked:\n{paragraph}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -79,6 +80,49 @@ def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: 
 
 
 DEFAULT_PLOT = "bench.png"
+# What ``bench --plot`` says when matplotlib does not import: matplotlib is on
+# the package index, kvest is not (its ``plot`` extra installs from a clone).
+MATPLOTLIB_HINT = ('pip install matplotlib (or, in a clone of kvest, pip install ".[plot]")')
+
+
+def unwritable(path: str) -> str | None:
+    """Why a file cannot be written at ``path``, or None: checked before a
+    benchmark of minutes, not found out after it."""
+    folder = os.path.dirname(path) or "."
+    if not os.path.exists(folder):
+        return f"no such directory: {folder}"
+    if not os.path.isdir(folder):
+        return f"not a directory: {folder}"
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            return f"{path} is not writable"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot create files in {folder}"
+    return None
+
+
+def plot_problem(path: str) -> str | None:
+    """Why ``bench --plot path`` could not draw its figures, or None: the
+    folder, the file (and its ``-sglang`` twin), matplotlib, the format."""
+    from kvest._bench.run import suffixed
+
+    for target in (path, suffixed(path, "-sglang")):
+        why = unwritable(target)
+        if why:
+            return why
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except Exception as exc:  # missing, or broken: either way no figure
+        return (f"needs matplotlib, which does not import here ({type(exc).__name__}: "
+                f"{exc}): {MATPLOTLIB_HINT}")
+    ext = os.path.splitext(path)[1][1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if ext and ext not in formats:
+        return (f"matplotlib cannot write .{ext} files (it writes "
+                f"{', '.join('.' + f for f in sorted(formats))})")
+    return None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -114,7 +158,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true",
                        help="a shorter run, seconds rather than minutes: spec_v2 only "
                             "on arrays, page sizes 16 and 100, fewer batch sizes and "
-                            "samples in every section")
+                            "samples in every section; real SGLang on one pair of worker "
+                            "processes at batch sizes 1 and 1,024")
     bench.add_argument("--plot", metavar="FILE.png", nargs="?", const=DEFAULT_PLOT,
                        help="also draw time per request (needs matplotlib); FILE.png "
                             f"defaults to {DEFAULT_PLOT}")
@@ -136,10 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     top = parser()
     args = top.parse_args(argv)
     if args.command == "bench":
-        if args.plot and importlib.util.find_spec("matplotlib") is None:
-            # Before the run, not after it: a benchmark takes minutes.
-            top.error("bench --plot needs matplotlib: pip install matplotlib "
-                      '(or pip install "kvest[plot]")')
+        # Before the run, not after it: a benchmark takes minutes.
+        bench = next(a for a in top._actions if a.dest == "command").choices["bench"]
+        if args.plot:
+            if importlib.util.find_spec("matplotlib") is None:
+                bench.error(f"--plot {args.plot}: needs matplotlib: {MATPLOTLIB_HINT}")
+            why = plot_problem(args.plot)
+            if why:
+                bench.error(f"--plot {args.plot}: {why}")
+        if args.markdown:
+            why = unwritable(args.markdown)
+            if why:
+                bench.error(f"--markdown {args.markdown}: {why}")
         from kvest._bench.run import run
 
         return run(quick=args.quick, plot_path=args.plot, markdown=args.markdown,

@@ -164,6 +164,7 @@ def run_objects(sizes: list[int], samples: int, target: float,
                 progress: Callable[[str], None] | None = None) -> list[ObjectRow]:
     """Every shape, function and size; the implementations' answers checked first."""
     rows = []
+    total = len(SHAPES) * len(FUNCTIONS) * len(sizes)
     for shape in SHAPES:
         for fn in FUNCTIONS:
             for n in sizes:
@@ -174,7 +175,8 @@ def run_objects(sizes: list[int], samples: int, target: float,
                 rows.append(ObjectRow(shape.label, shape.layout, fn, n,
                                       measure(calls, samples, target)))
                 if progress:
-                    progress(f"objects {shape.label} {fn} n={n}")
+                    progress(f"[{len(rows):{len(str(total))}d}/{total}] objects "
+                             f"{shape.label} {fn} n={n}")
     return rows
 
 

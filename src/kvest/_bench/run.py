@@ -4,6 +4,7 @@ write the Markdown and the figures asked for."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 
@@ -15,9 +16,10 @@ from kvest._bench.timing import machine
 FULL, QUICK = (9, 0.01), (5, 0.002)
 
 
-def _suffixed(path: str, suffix: str) -> str:
-    stem, dot, ext = path.rpartition(".")
-    return f"{stem}{suffix}.{ext}" if dot else path + suffix
+def suffixed(path: str, suffix: str) -> str:
+    """``out.png`` -> ``out-sglang.png``: the suffix before the file's extension."""
+    stem, ext = os.path.splitext(path)
+    return f"{stem}{suffix}{ext}"
 
 
 def run(quick: bool = False, plot_path: str | None = None, markdown: str | None = None,
@@ -33,9 +35,15 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
         arrays.FUNCTIONS[:1] if quick else arrays.FUNCTIONS, samples, target, progress=say)
     object_rows = [] if sglang_only else objects.run_objects(
         objects.QUICK_SIZES if quick else objects.SIZES, samples, target, progress=say)
-    why_not = sglang_step.available()
-    steps = [] if why_not else sglang_step.run_section(
-        sglang_step.QUICK_SIZES if quick else sglang_step.SIZES, samples, target, progress=say)
+    section = sglang_step.plan(quick)
+    why_not: str | None = None
+    try:
+        steps = sglang_step.run_section(section, samples, target, progress=say)
+    except sglang_step.Unavailable as exc:
+        why_not, steps = str(exc), sglang_step.StepRows()
+        if sglang_only:  # nothing else to run: say so, not a run of nothing
+            say(f"bench --sglang: nothing to measure: {why_not}")
+            return 2
     elapsed = time.perf_counter() - start
     print(f"\nmedian time per call, {samples} samples each, implementations interleaved; "
           f"{elapsed:.0f} s\n")
@@ -55,9 +63,10 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
                   ("Targets on the release-shaped stand-ins (kvest with the release's layout "
                    "against the release's loop):", verdicts(judged, True))]
     if steps:
-        version = sglang_step.upstream().version
+        version = steps.version
         title = (f"The decode step as the scheduler runs it, real sglang {version}: "
-                 f"{sglang_step.PAIRS} pairs of processes after load_plugins() (one of each "
+                 f"{section.pairs} {'pair' if section.pairs == 1 else 'pairs'} of processes "
+                 "after load_plugins() (one of each "
                  "with KVEST_SGLANG=0), real `Req`, "
                  "`ScheduleBatch`, `ReqToTokenPool` and `PagedTokenToKVPoolAllocator` on CPU, "
                  f"the slot search answered at once, page size {sglang_step.PAGE_SIZE}, "
@@ -77,8 +86,8 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
             plots.plot_arrays(rows, plot_path)
             print(f"\nplot written to {plot_path}")
         if steps:
-            step_path = _suffixed(plot_path, "-sglang")
-            plots.plot_sglang(steps, step_path, sglang_step.upstream().version)
+            step_path = suffixed(plot_path, "-sglang")
+            plots.plot_sglang(steps, step_path, steps.version or "?")
             print(f"plot written to {step_path}")
     if markdown:
         cmd = "python -m kvest bench" + (" --quick" if quick else "") + (

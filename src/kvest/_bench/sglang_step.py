@@ -36,6 +36,7 @@ worker at n = 64 and 512; the slope is the events per request per step.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import random
@@ -51,7 +52,8 @@ from kvest._bench.tables import fmt_time, render
 from kvest._bench.targets import Verdict
 
 SIZES = [1, 16, 64, 256, 1024, 4096]
-QUICK_SIZES = [1, 256, 1024, 4096]
+# --quick: the smallest batch and the one the headline and the targets read.
+QUICK_SIZES = [1, 1024]
 PAGE_SIZE = 16
 SPEC = dict(speculative_algorithm="EAGLE", speculative_num_steps=3,
             speculative_eagle_topk=1, speculative_num_draft_tokens=4)
@@ -79,6 +81,48 @@ BOUND_SIZES = (1024, 4096)
 BOUND_STEPS = ("step, no spec", "step, EAGLE")
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What a run of the section does: the batch sizes, how many pairs of
+    workers the samples are spread over, and whether the bound is timed.
+
+    Where the time of a run goes, on 2 cores: each worker's start (importing
+    SGLang's scheduler, over 10 s of CPU each, 9 workers in a full run), and
+    in each cell building the world and comparing both sides' outcomes (a
+    digest of every request's row of the pool: about a second a cell at 1,024
+    requests, several at 4,096), far more than the timed calls.  --quick
+    therefore runs one pair without the bound, at n = 1 and the size the
+    headline and targets read; the full run is unchanged."""
+
+    sizes: tuple[int, ...]
+    pairs: int = PAIRS
+    bound: bool = True
+    names: tuple[str, ...] = tuple(HOT_SPOTS)
+
+    def cells(self) -> list[tuple[str, int]]:
+        """(hot spot, n) in the order they run."""
+        return [(name, n) for n in self.sizes for name in self.names]
+
+    def timed(self, name: str, n: int) -> tuple[str, ...]:
+        """The sides one cell times: the bound beside the steps at BOUND_SIZES."""
+        if self.bound and name in BOUND_STEPS and n in BOUND_SIZES:
+            return (*SIDES, FREE)
+        return SIDES
+
+    def sides(self) -> tuple[str, ...]:
+        """The workers each pair starts."""
+        return max((self.timed(name, n) for name, n in self.cells()), key=len, default=SIDES)
+
+
+FULL = Plan(tuple(SIZES))
+QUICK = Plan(tuple(QUICK_SIZES), pairs=1, bound=False)
+
+
+def plan(quick: bool = False) -> Plan:
+    """The full run's plan, or --quick's."""
+    return QUICK if quick else FULL
+
+
 def available() -> str | None:
     """Why the section cannot run here, or None if it can."""
     try:
@@ -92,6 +136,26 @@ def available() -> str | None:
         return f"sglang's scheduler modules do not import here ({type(exc).__name__}: {exc})"
     if not hasattr(allocation_sizing, "page_aligned_decode_alloc_lens"):
         return "this sglang has no page_aligned_decode_alloc_lens (the 0.5.19+ shape)"
+    return None
+
+
+class Unavailable(RuntimeError):
+    """SGLang's scheduler modules do not import where the workers run (the message says why)."""
+
+
+def missing() -> str | None:
+    """Why the section cannot run here, from what is installed alone, or None.
+
+    Nothing is imported (importing SGLang's scheduler takes seconds): where
+    torch and sglang are installed, the workers, which import them anyway,
+    tell whether they import (:func:`available`, in :func:`worker`)."""
+    for name in ("torch", "sglang"):
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError) as exc:
+            return f"sglang's scheduler modules do not import here ({type(exc).__name__}: {exc})"
+        if not found:
+            return f"sglang's scheduler modules do not import here (no module named {name!r})"
     return None
 
 
@@ -280,7 +344,7 @@ def _status() -> dict[str, Any]:
     import kvest.sglang
 
     report = kvest.sglang.status()
-    return {"mode": report["mode"],
+    return {"mode": report["mode"], "sglang": upstream().version,
             "hotspots": {k: v["state"] for k, v in report["hotspots"].items()}}
 
 
@@ -288,19 +352,27 @@ def worker() -> int:
     """Serve the parent: one JSON request per line on stdin, one answer per line."""
     out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     sys.stdout = sys.stderr  # whatever SGLang prints must not reach the protocol
-    from kvest._bench import sglang_world as w
+    # Whether SGLang's scheduler imports here is told by the workers, which
+    # import it anyway: the parent never imports it (seconds saved).
+    why_not = available()
+    if why_not is None:
+        from kvest._bench import sglang_world as w
 
-    w.sg()  # the scheduler's modules, loaded before the plugins look for them
-    w.one_thread()
-    if os.environ.get(FREE_ENV) == "1":
-        _make_kernels_free()
-    from sglang.srt.plugins import load_plugins
+        w.sg()  # the scheduler's modules, loaded before the plugins look for them
+        w.one_thread()
+        if os.environ.get(FREE_ENV) == "1":
+            _make_kernels_free()
+        from sglang.srt.plugins import load_plugins
 
-    load_plugins()
-    w.use_assign(w.assign_nothing)
+        load_plugins()
+        w.use_assign(w.assign_nothing)
     cells = Cells()
     for line in sys.stdin:
         ask = json.loads(line)
+        if why_not is not None:
+            out.write(json.dumps({"unavailable": why_not}) + "\n")
+            out.flush()
+            continue
         try:
             op = ask["op"]
             if op == "status":
@@ -320,7 +392,10 @@ def worker() -> int:
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         out.write(json.dumps(reply) + "\n")
         out.flush()
-    return 0
+    # The parent is done with us, and nothing here needs saving: skip the
+    # interpreter's teardown, seconds with SGLang's modules and the worlds loaded.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ------------------------------------------------------------------ the parent
@@ -340,25 +415,41 @@ class Worker:
             env[FREE_ENV] = "1"
         env.setdefault("PYTHONWARNINGS", "ignore::UserWarning")  # sglang's CPU notices
         self.side = side
+        self.asked: dict[str, Any] = {}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvest._bench.sglang_step", "--worker"], env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def ask(self, op: str, **kwargs: Any) -> Any:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+    def send(self, op: str, **kwargs: Any) -> None:
+        """Ask without waiting for the answer (:meth:`receive` reads it)."""
+        assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"op": op, **kwargs}) + "\n")
         self.proc.stdin.flush()
+        self.asked = kwargs
+
+    def receive(self) -> Any:
+        assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the {self.side} worker ended (exit {self.proc.wait()})")
         reply = json.loads(line)
+        if "unavailable" in reply:
+            raise Unavailable(reply["unavailable"])
         if "error" in reply:
-            raise RuntimeError(f"{self.side} worker: {reply['error']} ({kwargs})")
+            raise RuntimeError(f"{self.side} worker: {reply['error']} ({self.asked})")
         return reply["ok"]
 
-    def close(self) -> None:
-        if self.proc.stdin is not None:
+    def ask(self, op: str, **kwargs: Any) -> Any:
+        self.send(op, **kwargs)
+        return self.receive()
+
+    def finish(self) -> None:
+        """Tell the worker to end (it ends when its input does), without waiting."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
             self.proc.stdin.close()
+
+    def close(self) -> None:
+        self.finish()
         self.proc.wait(timeout=60)
 
 
@@ -385,6 +476,8 @@ class Pair:
                 raise RuntimeError(f"the {side} worker did not replace {missing}: {kv}")
 
     def close(self) -> None:
+        for w in self.workers.values():  # all told first: they wind down side by side
+            w.finish()
         for w in self.workers.values():
             w.close()
 
@@ -399,8 +492,15 @@ class Pairs:
     code; so the samples of a cell are spread over several pairs, and each
     side's median is taken over all of them."""
 
-    def __init__(self, count: int = PAIRS, sides: tuple[str, ...] = SIDES) -> None:
-        self.pairs = [Pair(sides) for _ in range(max(1, count))]  # all started, then awaited
+    def __init__(self, count: int = PAIRS, sides: tuple[str, ...] = SIDES,
+                 progress: Callable[[str], None] | None = None) -> None:
+        count = max(1, count)
+        start = time.perf_counter()
+        if progress:
+            progress(f"starting {count * len(sides)} worker processes ({count} "
+                     f"{'pair' if count == 1 else 'pairs'}: {', '.join(sides)}); each "
+                     "imports SGLang's scheduler first")
+        self.pairs = [Pair(sides) for _ in range(count)]  # all started, then awaited
         try:
             for pair in self.pairs:
                 pair.verify()
@@ -408,20 +508,29 @@ class Pairs:
             self.__exit__()
             raise
         self.status = self.pairs[0].status
+        if progress:
+            progress(f"workers ready after {time.perf_counter() - start:.0f} s")
 
     def __enter__(self) -> Pairs:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for pair in self.pairs:  # all told first: they wind down side by side
+            for w in pair.workers.values():
+                w.finish()
         for pair in self.pairs:
             pair.close()
 
     def check(self, cell: str, n: int) -> Any:
         """Both sides' outcome of one call from the same state, in every pair;
-        they must be equal."""
+        they must be equal.  Nothing is timed here, so every worker is asked at
+        once and builds its world for the cell beside the others."""
+        for pair in self.pairs:
+            for side in SIDES:
+                pair.workers[side].send("check", cell=cell, n=n)
         outcomes = []
         for pair in self.pairs:
-            got = {side: pair.ask(side, "check", cell=cell, n=n) for side in SIDES}
+            got = {side: pair.workers[side].receive() for side in SIDES}
             if got["upstream"] != got["kvest"]:
                 raise AssertionError(f"{cell} at n={n}: upstream and kvest differ")
             outcomes.append(got["upstream"])
@@ -447,10 +556,17 @@ class Pairs:
         return {side: statistics.median(ts) for side, ts in times.items()}
 
     def lines(self) -> dict[tuple[str, str, int], int]:
-        """(step, side, n) -> line events of one step (deterministic: one pair)."""
+        """(step, side, n) -> line events of one step (deterministic: one pair;
+        counted, not timed, so both sides are asked at once)."""
         first = self.pairs[0]
-        return {(cell, side, n): first.ask(side, "lines", cell=cell, n=n)
-                for cell in LINE_STEPS for n in LINE_SIZES for side in SIDES}
+        out = {}
+        for cell in LINE_STEPS:
+            for n in LINE_SIZES:
+                for side in SIDES:
+                    first.workers[side].send("lines", cell=cell, n=n)
+                for side in SIDES:
+                    out[cell, side, n] = first.workers[side].receive()
+        return out
 
 
 @dataclass
@@ -471,6 +587,7 @@ class StepRows(list):  # type: ignore[type-arg]
 
     lines: dict[tuple[str, str, int], int] | None = None
     status: dict[str, Any] | None = None
+    version: str | None = None  # the workers' sglang
 
 
 def slopes(lines: dict[tuple[str, str, int], int]) -> dict[tuple[str, str], float]:
@@ -480,28 +597,39 @@ def slopes(lines: dict[tuple[str, str, int], int]) -> dict[tuple[str, str], floa
             for cell in LINE_STEPS for side in SIDES}
 
 
-def run_section(sizes: list[int], samples: int, target: float,
+def progress_line(done: int, total: int, name: str, n: int) -> str:
+    """``[3/24] step, EAGLE, 1024 requests``: one cell done."""
+    width = len(str(total))
+    return f"[{done:{width}d}/{total}] {name}, {n} request{'' if n == 1 else 's'}"
+
+
+def run_section(sizes: list[int] | Plan, samples: int, target: float,
                 progress: Callable[[str], None] | None = None,
                 names: list[str] | None = None) -> StepRows:
-    """Every step and loop at every size, upstream and kvest side by side
-    (and the bound beside them: the steps at BOUND_SIZES); outcomes compared
-    first; then the line events."""
+    """Every step and loop at every size of the plan (a list of sizes: the
+    full run's plan at those sizes), upstream and kvest side by side (and the
+    bound beside them: the steps at BOUND_SIZES); outcomes compared first;
+    then the line events.  ``progress`` hears of the workers' start and of
+    each cell as it is done."""
+    the_plan = sizes if isinstance(sizes, Plan) else Plan(tuple(sizes))
+    if names:
+        the_plan = Plan(the_plan.sizes, the_plan.pairs, the_plan.bound, tuple(names))
+    why_not = missing()
+    if why_not:
+        raise Unavailable(why_not)
     rows = StepRows()
-    wanted = names or HOT_SPOTS
-
-    def timed(name: str, n: int) -> tuple[str, ...]:
-        return (*SIDES, FREE) if name in BOUND_STEPS and n in BOUND_SIZES else SIDES
-
-    sides = max((timed(name, n) for n in sizes for name in wanted), key=len)
-    with Pairs(sides=sides) as pairs:
+    cells = the_plan.cells()
+    with Pairs(the_plan.pairs, the_plan.sides(), progress) as pairs:
         rows.status = pairs.status
-        for n in sizes:
-            for name in wanted:
-                pairs.check(name, n)
-                t = pairs.measure(name, n, samples, target, timed(name, n))
-                rows.append(StepRow(name, n, t["upstream"], t["kvest"], t.get(FREE)))
-                if progress:
-                    progress(f"sglang {name} n={n}")
+        rows.version = pairs.status["upstream"]["sglang"]
+        for done, (name, n) in enumerate(cells, 1):
+            pairs.check(name, n)
+            t = pairs.measure(name, n, samples, target, the_plan.timed(name, n))
+            rows.append(StepRow(name, n, t["upstream"], t["kvest"], t.get(FREE)))
+            if progress:
+                progress(progress_line(done, len(cells), name, n))
+        if progress:
+            progress(f"line events of one step at n = {LINE_SIZES[0]} and {LINE_SIZES[1]}")
         rows.lines = pairs.lines()
     return rows
 
@@ -601,15 +729,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--target", type=float, default=0.02)
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")])
     args = parser.parse_args(argv)
-    why = available()
+    why = missing()
     if why:
         print(f"skipped: {why}")
         return 0
-    sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
+    the_plan = plan(args.quick)
+    if args.sizes:
+        the_plan = Plan(tuple(args.sizes), the_plan.pairs, the_plan.bound)
     say: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     start = time.perf_counter()
-    rows = run_section(sizes, args.samples, args.target, progress=say)
-    print(f"real sglang {upstream().version}; median of {args.samples} samples per cell, "
+    try:
+        rows = run_section(the_plan, args.samples, args.target, progress=say)
+    except Unavailable as exc:
+        print(f"skipped: {exc}")
+        return 0
+    print(f"real sglang {rows.version}; median of {args.samples} samples per cell, "
           f"sides alternating; {time.perf_counter() - start:.0f} s")
     print(f"workers: {rows.status}\n")
     print(table(rows), "", headline(rows) or "", "", verdicts(targets(rows), False), sep="\n")
