@@ -178,7 +178,9 @@ def _switches(installed: bool) -> tuple[Mode, str]:
     points = [ep for ep in importlib.metadata.entry_points(group=registry.PLUGINS)
               if ep.name == "kvest"]
     if not points:
-        return Mode.OFF, "kvest's entry point is not installed: kvest is not loaded" + suffix
+        return Mode.OFF, ("kvest's entry point is not installed in this environment: kvest "
+                          f"is not loaded (in a clone of kvest, {sys.executable} -m pip "
+                          "install .)" + suffix)
     return choice.mode, choice.reason + suffix
 
 
