@@ -346,7 +346,12 @@ def test_shadow_mode_on_real_requests(monkeypatch):
                  "page_aligned_decode_alloc_lens", "get_num_new_pages"):
         assert spots[name]["state"] == "shadow", (name, spots[name])
         shadow = spots[name]["shadow"]
-        assert shadow["compared"] > 0, (name, spots[name])
+        if name == "_new_tokens_required_next_decode_spec_v2":
+            # Called only inside the estimate: it runs on its caller's side, and
+            # is compared as part of the estimate's comparison, once.
+            assert spots[name]["calls"] > 0 and shadow["compared"] == 0, spots[name]
+        else:
+            assert shadow["compared"] > 0, (name, spots[name])
         assert shadow["mismatches"] == 0, (name, shadow["first_mismatch"])
     # Functions that change the requests or the batch are never run twice:
     # upstream's, once.
