@@ -347,3 +347,27 @@ def test_plugin_and_status_read_one_registry():
                 from kvest.sglang import glue
 
                 assert callable(getattr(glue, f"make_{kind.name}")), kind.name
+
+
+class _Rebinding:
+    """An index whose ``__index__`` rebinds the batch's requests: Python code
+    that upstream's comprehension runs between two reads of ``self.reqs``."""
+
+    def __init__(self, batch, value):
+        self.batch, self.value = batch, value
+
+    def __index__(self):
+        self.batch.reqs = self.batch.reqs[:1]
+        return self.value
+
+
+def test_an_index_that_runs_code_is_left_to_upstream():
+    with standin_tree(NEWEST) as tree, kvest.sglang.patch():
+        original = vars(tree.batch_class)[ESTIMATE].__wrapped__
+        twin, batch = _batch(tree, False), _batch(tree, False)
+        # upstream reads self.reqs again for the second index: the shortened list
+        with pytest.raises(IndexError):
+            original(twin, [_Rebinding(twin, 0), 3])
+        with pytest.raises(IndexError):
+            batch.new_tokens_required_next_decode([_Rebinding(batch, 0), 3])
+        assert len(batch.reqs) == len(twin.reqs) == 1

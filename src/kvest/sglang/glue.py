@@ -45,8 +45,6 @@ DECLINED: Any = _Declined()
 
 _SUM, _MAX, _ENUMERATE, _ZIP = builtins.sum, builtins.max, builtins.enumerate, builtins.zip
 _SEQUENCES = (list, tuple)
-# Indices iterated without running Python code: exact lists, tuples, ndarrays.
-_INDEX_SEQUENCES = (list, tuple, np.ndarray)
 _itemgetter = operator.itemgetter
 _INT_LIMITS = {np.dtype(np.int64): 2**63 - 1, np.dtype(np.int32): 2**31 - 1}
 
@@ -93,7 +91,9 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
     the list built in one C call (``operator.itemgetter``, list indexing's own
     semantics) where ``owner.reqs`` is a plain list held in the instance's
     ``__dict__`` -- so reading it once equals reading it per index, as no
-    Python code runs in between -- and the indices an exact list, tuple or ndarray."""
+    Python code runs in between: the indices are exact ints in an exact list or
+    tuple, or an integer ndarray (an index with ``__index__`` of its own could
+    rebind ``owner.reqs`` between two reads of upstream's comprehension)."""
     spot = monitor.spot(name)
 
     def select_requests(owner: Any, selected: Any) -> Any:
@@ -101,7 +101,7 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
             _first_call()
         if selected is None:
             return owner.reqs
-        if type(selected) in _INDEX_SEQUENCES and not _lookup_is_special(type(owner), "reqs"):
+        if _plain_indices(selected) and not _lookup_is_special(type(owner), "reqs"):
             try:
                 reqs = owner.__dict__["reqs"]
                 if type(reqs) is list:
@@ -114,6 +114,17 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
         return _declined(spot)
 
     return select_requests
+
+
+_EXACT_INT = frozenset({int})
+
+
+def _plain_indices(selected: Any) -> bool:
+    """Indices whose use as list indices runs no Python code."""
+    kind = type(selected)
+    if kind is np.ndarray:
+        return selected.ndim == 1 and selected.dtype.kind in "iu"
+    return (kind is list or kind is tuple) and set(map(type, selected)) <= _EXACT_INT
 
 
 def _lookup_is_special(cls: type, name: str) -> bool:
