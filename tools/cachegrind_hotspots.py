@@ -89,25 +89,35 @@ SPOTS: dict[str, tuple[str, str, str, str]] = {
     "append_beam_tail loop": ("`append_beam_tail`'s loop", "statement", "append_beam_tail",
                               "beam_tail_loop"),
 }
-# Passes over the batch each kvest hot spot makes, read from src/kvest/sglang/glue.py,
-# src/kvest/_reqs.pyx, src/kvest/_src/addrorder.h and reqwrite.h (n >= 256, a list
-# in creation order unless said; "pointers" reads only the list's array, "objects"
-# reads or writes every request):  (kvest, upstream).
+# Passes over the batch each hot spot makes, read from src/kvest/sglang/glue.py,
+# src/kvest/_reqs.pyx, src/kvest/_src/addrorder.h and reqwrite.h, and from upstream's
+# code (n >= 256, the batch's list in creation order; "pointers" reads only a list's
+# array, "objects" reads or writes every request; below 256 requests kvest neither
+# checks the order nor sorts): (kvest, upstream).
 PASSES: dict[str, tuple[str, str]] = {
-    "estimate": ("4: pointers (address-order check), objects (count), pointers (check), "
-                 "objects (beam rows)", "2: objects (count), objects (beam rows)"),
+    "estimate": ("4: pointers (address-order check), objects (count); pointers (check), "
+                 "objects (beam rows)", "2: objects (count); objects (beam rows)"),
     "estimate, selection": (
-        "15: indices (itemgetter, objects: incref); per kernel x2: pointers (check), "
-        "pointers (min/max), 4 pointers (2-digit radix sort: count, scatter), objects "
-        "(incref), objects (walk in address order), objects (decref)",
-        "3: indices (comprehension, objects: incref), objects (count), objects (beam rows)"),
-    "check_decode_mem selection": ("1: indices (itemgetter, objects: incref)",
-                                   "1: indices (comprehension, objects: incref)"),
-    "alloc lens": ("7: 2 lists `[0] * n` (upstream's own), objects (plan into 2 arrays), "
-                   "2 `tolist()` (2n new ints), 2 slice assignments",
-                   "3: 2 lists `[0] * n`, objects (n new ints for nxt)"),
-    "alloc_for_decode_default loop": ("1: objects (2 writes each)", "1: objects"),
-    "prepare_for_decode loop": ("1: objects", "1: objects"),
+        "23 -- 10 over the requests: the selection (indices unpacked into an argument "
+        "tuple; itemgetter's tuple, objects: incref; `list()` of it, objects: incref; the "
+        "tuple freed, objects: decref; the argument tuple freed); then per kernel (count, "
+        "beam rows): pointers (check), pointers (min/max), 4 pointers (2-digit radix sort: "
+        "count, scatter), objects (incref), objects (walk in address order), objects "
+        "(decref); the list freed (objects: decref)",
+        "4 -- 4 over the requests: the comprehension (objects: incref), objects (count), "
+        "objects (beam rows), the list freed (objects: decref)"),
+    "check_decode_mem selection": (
+        "5 -- 3 over the requests: indices unpacked into an argument tuple; itemgetter's "
+        "tuple (objects: incref); `list()` of it (objects: incref); the tuple freed (objects: "
+        "decref); the argument tuple freed",
+        "1: the comprehension (objects: incref)"),
+    "alloc lens": ("7 -- 1 over the requests: 2 lists `[0] * n` (upstream's own lines); "
+                   "objects (the plan, into 2 arrays); 2 `tolist()` (2n new ints); 2 slice "
+                   "assignments",
+                   "3 -- 1 over the requests: 2 lists `[0] * n`; objects (n new ints for nxt)"),
+    "alloc_for_decode_default loop": ("1: objects (2 in-place adds each)",
+                                      "1: objects (2 new ints each)"),
+    "prepare_for_decode loop": ("1: objects (in-place add)", "1: objects (a new int each)"),
     "num_beam_member_rows": ("2: pointers (check), objects", "1: objects"),
     "append_beam_tail loop": ("2: pointers (check), objects", "1: objects"),
 }
