@@ -48,9 +48,9 @@ measurement).
 Counts are the same on every run of the same build in the same place; where
 the heap lies still moves them a little between places (another wheel path,
 another environment): the D1/LL counts by a few percent, and the shuffled
-selection's instructions by up to 12% at 256 requests, as its address-order
-sort takes two or three radix passes depending on the span of the requests'
-addresses (the ceilings come from the higher count seen).
+selection's instructions by up to 12% at 256 requests, as the passes and
+buckets of its address-order sort follow the span of the requests' addresses
+(the ceilings come from the higher count seen).
 """
 
 from __future__ import annotations
