@@ -55,12 +55,14 @@ buckets of its address-order sort follow the span of the requests' addresses
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -158,67 +160,81 @@ def _empty(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def worker(side: str, names: list[str], sizes: list[int], cold: list[int], helper: str,
-           root: str, version: str) -> None:
-    """Inside valgrind: build the batches, then count every (hot spot, n)."""
-    import ctypes
+@contextlib.contextmanager
+def hot_spots(side: str, names: list[str], sizes: list[int], root: str, version: str
+              ) -> Iterator[tuple[dict[str, Any], Callable[[str, int], tuple[Any, Any]]]]:
+    """In stand-in modules of the release at ``root``: each hot spot's function of
+    ``side`` (upstream's, or kvest's as ``patch()`` installs it), and
+    ``arguments(name, n)``, the batch of n requests as its caller passes it."""
     import random
 
     import kvest.sglang
     from kvest._bench.requests import NestedReq
     from kvest.sglang import parity, upstream
 
+    source = upstream.SourceTree(root, version)
+    with upstream.standin_tree(source) as tree:
+        handle = kvest.sglang.patch()
+        try:
+            targets = {t.spot: t for t in handle.plan.targets if t.registry is not None}
+            calls: dict[str, tuple[Any, tuple[str, ...]]] = {}
+            for name in names:
+                _, how, spot, kind = SPOTS[name]
+                target = targets[spot]
+                if how == "function":
+                    fn = target.new if side == "kvest" else target.original
+                    calls[name] = (fn, ())
+                    continue
+                swaps = [s for s in target.swaps if s.found.pattern.kind == kind]
+                alone, swapped, params = parity.statement_pair(
+                    target.analysis, swaps[0].found, target.spot)
+                calls[name] = (swapped if side == "kvest" else alone, params)
+            if side != "kvest":
+                handle.undo()  # upstream's functions call upstream's helpers
+            rng = random.Random(0)
+            worlds = {}
+            for n in sizes:
+                reqs = []
+                for _ in range(n):
+                    committed = rng.randint(300, 2**15)
+                    req = NestedReq(committed, committed + rng.randint(0, 2 * PAGE_SIZE))
+                    req.decode_batch_idx = rng.randint(300, 2**15)
+                    reqs.append(req)
+                picked = list(range(n))
+                random.Random(n).shuffle(picked)
+                worlds[n] = (tree.batch(reqs, PAGE_SIZE, None), reqs, picked)
+
+            def arguments(name: str, n: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+                batch, reqs, picked = worlds[n]
+                if name == "estimate":
+                    return (batch,), {}
+                if name == "estimate, selection":
+                    return (batch, picked), {}
+                if name == "alloc lens":
+                    return (reqs,), {"reserve": RESERVE, "page_size": PAGE_SIZE}
+                if name == "num_beam_member_rows":
+                    return (reqs,), {}
+                values = {"self": batch, "batch": batch, "selected_indices": picked,
+                          "token_per_req": 1, "t": 0}
+                lists = ("entries", "tails", "tails_cpu", "leader_idx", "widths")
+                return tuple(values.get(p, [] if p in lists else None)
+                             for p in calls[name][1]), {}
+
+            yield {name: fn for name, (fn, _) in calls.items()}, arguments
+        finally:
+            handle.undo()
+
+
+def worker(side: str, names: list[str], sizes: list[int], cold: list[int], helper: str,
+           root: str, version: str) -> None:
+    """Inside valgrind: build the batches, then count every (hot spot, n)."""
+    import ctypes
+
     lib = ctypes.CDLL(helper)
     lib.kvcg_dump.argtypes = [ctypes.c_char_p]
     lib.kvcg_flush.argtypes = [ctypes.c_size_t]
     toggle, dump, flush = lib.kvcg_toggle, lib.kvcg_dump, lib.kvcg_flush
-    source = upstream.SourceTree(root, version)
-    with upstream.standin_tree(source) as tree:
-        handle = kvest.sglang.patch()
-        targets = {t.spot: t for t in handle.plan.targets if t.registry is not None}
-        calls: dict[str, tuple[Any, tuple[str, ...]]] = {}
-        for name in names:
-            _, how, spot, kind = SPOTS[name]
-            target = targets[spot]
-            if how == "function":
-                fn = target.new if side == "kvest" else target.original
-                calls[name] = (fn, ())
-                continue
-            swaps = [s for s in target.swaps if s.found.pattern.kind == kind]
-            alone, swapped, params = parity.statement_pair(target.analysis, swaps[0].found,
-                                                           target.spot)
-            calls[name] = (swapped if side == "kvest" else alone, params)
-        if side != "kvest":
-            handle.undo()  # upstream's functions call upstream's helpers
-        rng = random.Random(0)
-        worlds = {}
-        for n in sizes:
-            reqs = []
-            for _ in range(n):
-                committed = rng.randint(300, 2**15)
-                req = NestedReq(committed, committed + rng.randint(0, 2 * PAGE_SIZE))
-                req.decode_batch_idx = rng.randint(300, 2**15)
-                reqs.append(req)
-            picked = list(range(n))
-            random.Random(n).shuffle(picked)
-            worlds[n] = (tree.batch(reqs, PAGE_SIZE, None), reqs, picked)
-
-        def arguments(name: str, n: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-            batch, reqs, picked = worlds[n]
-            if name == "estimate":
-                return (batch,), {}
-            if name == "estimate, selection":
-                return (batch, picked), {}
-            if name == "alloc lens":
-                return (reqs,), {"reserve": RESERVE, "page_size": PAGE_SIZE}
-            if name == "num_beam_member_rows":
-                return (reqs,), {}
-            values = {"self": batch, "batch": batch, "selected_indices": picked,
-                      "token_per_req": 1, "t": 0}
-            lists = ("entries", "tails", "tails_cpu", "leader_idx", "widths")
-            return tuple(values.get(p, [] if p in lists else None)
-                         for p in calls[name][1]), {}
-
+    with hot_spots(side, names, sizes, root, version) as (calls, arguments):
         def segment(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                     label: str) -> None:
             toggle()
@@ -232,7 +248,7 @@ def worker(side: str, names: list[str], sizes: list[int], cold: list[int], helpe
         # Every call runs WARM_ITERATIONS requests' worth first, uninstrumented,
         # so that every count sees the steady state, whatever ran before it.
         for name in names:
-            fn = calls[name][0]
+            fn = calls[name]
             for n in sizes:
                 args, kwargs = arguments(name, n)
                 for _ in range(max(8, WARM_ITERATIONS // n)):
@@ -241,7 +257,7 @@ def worker(side: str, names: list[str], sizes: list[int], cold: list[int], helpe
         lib.kvcg_start()
         segment(_empty, (), {}, "prime")
         for name in names:
-            fn = calls[name][0]
+            fn = calls[name]
             for n in sizes:
                 args, kwargs = arguments(name, n)
                 fn(*args, **kwargs)  # warm: the same call made once, uncounted
