@@ -352,7 +352,7 @@ def _fmt(x: float) -> str:
 
 def markdown(results: dict[str, dict[str, dict[str, int]]]) -> str:
     """The tables for docs/benchmarks.md."""
-    lines = ["| hot spot | n | instructions / request | D1 misses / request, warm | "
+    lines = ["| no-spec hot spot | n | instructions / request | D1 misses / request, warm | "
              "D1 misses / request, cold | LL misses / request, cold |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name in SPOTS:
@@ -367,10 +367,10 @@ def markdown(results: dict[str, dict[str, dict[str, int]]]) -> str:
                 f"| {name} | {n:,} | {_fmt(up['Ir'])} → {_fmt(kv['Ir'])} | "
                 f"{_fmt(up['D1'])} → {_fmt(kv['D1'])} | {_fmt(upc['D1'])} → {_fmt(kvc['D1'])} "
                 f"| {_fmt(upc['LL'])} → {_fmt(kvc['LL'])} |")
-    lines += ["", "| hot spot | passes over the batch, kvest | upstream |",
+    lines += ["", "| no-spec hot spot | passes over the batch, kvest | upstream |",
               "| --- | --- | --- |"]
     lines += [f"| {name} | {PASSES[name][0]} | {PASSES[name][1]} |" for name in SPOTS]
-    lines += ["", "| hot spot | crossover n | instructions per call at n = 1 "
+    lines += ["", "| no-spec hot spot | crossover n | instructions per call at n = 1 "
               "(upstream → kvest) | at n = 128 |", "| --- | ---: | ---: | ---: |"]
     for name in SPOTS:
         cross, row = crossover(results, name)
