@@ -69,6 +69,8 @@ from typing import Any
 
 CEILINGS = Path(__file__).with_name("cachegrind_ceilings.json")
 SLACK = 1.10
+SORT_SLACK = 1.25  # the shuffled selection's instructions (see _ceiling)
+MISS_SLACK = 0.75  # misses a request: the least room a miss ceiling leaves (see gate_check)
 VERSION = "0.5.23"
 TABLE_SIZES = (256, 1024, 4096)
 CROSS_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -481,6 +483,18 @@ def _key(name: str, n: int, state: str, event: str) -> str:
     return f"{name} | n={n} | {state} | {event}"
 
 
+def _ceiling(key: str, value: float) -> float:
+    """The ceiling --update writes for a measurement."""
+    if not key.endswith("| Ir"):
+        return max(value * SLACK, value + MISS_SLACK)
+    if key.startswith("estimate, selection") and "| warm |" in key:
+        # The sort's passes and buckets follow the span of the requests' addresses:
+        # 751 or 839 instructions a request at 256, 677 to 727 at 1,024, from one
+        # place to another (another path, another environment) on the same build.
+        return value * SORT_SLACK
+    return value * SLACK
+
+
 def gate_check(dumps: dict[str, dict[str, int]], update: bool) -> int:
     """kvest's counts per request against the ceilings: instructions (warm), D1 misses
     (warm) and LL misses (cold), per hot spot, at TABLE_SIZES."""
@@ -495,10 +509,12 @@ def gate_check(dumps: dict[str, dict[str, int]], update: bool) -> int:
             measured[_key(name, n, "warm", "D1")] = warm["D1"]
             measured[_key(name, n, "cold", "LL")] = cold["LL"]
     if update:
-        # A count near zero gets a floor of 0.5 a request: a few stray misses are not a regression.
+        # Misses get at least MISS_SLACK a request above the measurement: where the
+        # heap lies moves a few-miss count by a few tenths from place to place
+        # (another path, another environment), and a new pass over the requests
+        # themselves costs about one miss a request more.
         CEILINGS.write_text(json.dumps(
-            {k: round(max(v * SLACK, v + 0.5 if "Ir" not in k else v * SLACK), 2)
-             for k, v in measured.items()}, indent=2) + "\n")
+            {k: round(_ceiling(k, v), 2) for k, v in measured.items()}, indent=2) + "\n")
         print(f"ceilings written to {CEILINGS}")
     ceilings = json.loads(CEILINGS.read_text())
     failed = False
