@@ -1,0 +1,539 @@
+"""The no-speculation decode step's hot spots under callgrind's cache simulator:
+instructions and simulated D1/LL data misses per request, upstream against kvest.
+
+    python tools/cachegrind_hotspots.py                 # the table, both sides, and the crossovers
+    python tools/cachegrind_hotspots.py --markdown      # the same as docs/benchmarks.md's tables
+    python tools/cachegrind_hotspots.py --check         # kvest only: check against the ceilings
+    python tools/cachegrind_hotspots.py --update        # kvest only: rewrite the ceilings (+10%)
+    python tools/cachegrind_hotspots.py --wheel W.whl   # upstream's files from a wheel
+
+Upstream's code is SGLang 0.5.23's own, taken from its files (an installed
+``sglang`` distribution, or ``--wheel``; never imported) into
+:func:`kvest.sglang.upstream.standin_tree`.  Each hot spot is called as its
+caller calls it, on release-shaped requests (:class:`kvest._bench.requests.NestedReq`,
+157 attributes, lengths in a slots ``req.kv``; ``decode_batch_idx`` set after
+``__init__``), in a stand-in ``ScheduleBatch``:
+
+- whole functions: upstream's as compiled from the file, kvest's as
+  ``kvest.sglang.patch()`` installs it (the estimate, with and without a
+  shuffled ``selected_indices`` as the retract loop passes it;
+  ``page_aligned_decode_alloc_lens``; ``num_beam_member_rows``);
+- statements inside larger functions (the selection ``check_decode_mem``
+  builds, ``alloc_for_decode_default``'s adding loop, ``prepare_for_decode``'s
+  batch-index loop, ``append_beam_tail``'s loop): the statement alone in a
+  function of its own, as written and as swapped
+  (:func:`kvest.sglang.parity.statement_pair`), so torch's work around them is
+  not counted.
+
+Each side runs in its own processes under ``valgrind --tool=callgrind
+--cache-sim=yes`` with a fixed cache (D1 32 KiB 8-way, LL 8 MiB 16-way, 64-byte
+lines: the same counts on any host).  Instrumentation starts once every batch
+is built; events are collected only between two toggles around one call, and
+each such segment is dumped on its own.  Per (hot spot, n):
+
+- **warm**: the call made once uncounted, then once counted (a scheduler's
+  steady state: the same requests read every step);
+- **cold** (n >= 256): the caches flushed (a 16 MiB sweep) before the counted
+  call: every line the call touches is a miss, so LL misses per request are
+  the cache lines it reads and writes per request.
+
+From each count the same segment around an empty call (the same arguments)
+is subtracted, and the rest is divided by n.  Instructions are the
+deterministic proxy for time (``PYTHONHASHSEED=0``; a build's counts are the
+same on every run).  ``--check`` runs kvest's side only, at 256, 1,024 and
+4,096 requests, and fails if a count is above its ceiling in
+``tools/cachegrind_ceilings.json`` (``--update`` writes them 10% above the
+measurement).
+
+Counts are the same on every run of the same build in the same place; where
+the heap lies still moves them a little between places (another wheel path,
+another environment): the D1/LL counts by a few percent, and the shuffled
+selection's instructions by up to 12% at 256 requests, as the passes and
+buckets of its address-order sort follow the span of the requests' addresses
+(the ceilings come from the higher count seen).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+CEILINGS = Path(__file__).with_name("cachegrind_ceilings.json")
+SLACK = 1.10
+SORT_SLACK = 1.25  # the shuffled selection's instructions (see _ceiling)
+MISS_SLACK = 0.75  # misses a request: the least room a miss ceiling leaves (see gate_check)
+VERSION = "0.5.23"
+TABLE_SIZES = (256, 1024, 4096)
+CROSS_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+PAGE_SIZE = 16
+RESERVE = 8  # alloc lens: EAGLE (3, 1, 4)'s alloc_len_per_decode doubled
+CACHE = ["--I1=32768,8,64", "--D1=32768,8,64", "--LL=8388608,16,64"]
+FLUSH_BYTES = 16 << 20  # twice LL
+WARM_ITERATIONS = 16384  # requests' worth of calls before any count (see worker())
+
+# name -> (what it is, how it is taken: "function" or "statement", the target's
+# spot, the pattern kind of the statement)
+SPOTS: dict[str, tuple[str, str, str, str]] = {
+    "estimate": ("`new_tokens_required_next_decode()`", "function",
+                 "new_tokens_required_next_decode", ""),
+    "estimate, selection": ("`new_tokens_required_next_decode(selected)`, every request "
+                            "selected in a shuffled order", "function",
+                            "new_tokens_required_next_decode", ""),
+    "check_decode_mem selection": ("`check_decode_mem`'s own list of the selected requests",
+                                   "statement", "check_decode_mem", "select_requests"),
+    "alloc lens": ("`page_aligned_decode_alloc_lens` (lists)", "function",
+                   "page_aligned_decode_alloc_lens", ""),
+    "alloc_for_decode_default loop": ("`alloc_for_decode_default`'s adding loop", "statement",
+                                      "alloc_for_decode_default", "add_lengths_loop"),
+    "prepare_for_decode loop": ("`prepare_for_decode`'s batch-index loop", "statement",
+                                "prepare_for_decode", "batch_idx_loop"),
+    "num_beam_member_rows": ("`num_beam_member_rows`", "function", "num_beam_member_rows", ""),
+    "append_beam_tail loop": ("`append_beam_tail`'s loop", "statement", "append_beam_tail",
+                              "beam_tail_loop"),
+}
+# Passes over the batch each hot spot makes, read from src/kvest/sglang/glue.py,
+# src/kvest/_reqs.pyx, src/kvest/_src/addrorder.h and reqwrite.h, and from upstream's
+# code (n >= 256, the batch's list in creation order; "pointers" reads only a list's
+# array, "objects" reads or writes every request; below 256 requests kvest neither
+# checks the order nor sorts): (kvest, upstream).
+PASSES: dict[str, tuple[str, str]] = {
+    "estimate": ("4: pointers (address-order check), objects (count); pointers (check), "
+                 "objects (beam rows)", "2: objects (count); objects (beam rows)"),
+    "estimate, selection": (
+        "23 -- 10 over the requests: the selection (indices unpacked into an argument "
+        "tuple; itemgetter's tuple, objects: incref; `list()` of it, objects: incref; the "
+        "tuple freed, objects: decref; the argument tuple freed); then per kernel (count, "
+        "beam rows): pointers (check), pointers (min/max), 4 pointers (2-digit radix sort: "
+        "count, scatter), objects (incref), objects (walk in address order), objects "
+        "(decref); the list freed (objects: decref)",
+        "4 -- 4 over the requests: the comprehension (objects: incref), objects (count), "
+        "objects (beam rows), the list freed (objects: decref)"),
+    "check_decode_mem selection": (
+        "5 -- 3 over the requests: indices unpacked into an argument tuple; itemgetter's "
+        "tuple (objects: incref); `list()` of it (objects: incref); the tuple freed (objects: "
+        "decref); the argument tuple freed",
+        "1: the comprehension (objects: incref)"),
+    "alloc lens": ("7 -- 1 over the requests: 2 lists `[0] * n` (upstream's own lines); "
+                   "objects (the plan, into 2 arrays); 2 `tolist()` (2n new ints); 2 slice "
+                   "assignments",
+                   "3 -- 1 over the requests: 2 lists `[0] * n`; objects (n new ints for nxt)"),
+    "alloc_for_decode_default loop": ("1: objects (2 in-place adds each)",
+                                      "1: objects (2 new ints each)"),
+    "prepare_for_decode loop": ("1: objects (in-place add)", "1: objects (a new int each)"),
+    "num_beam_member_rows": ("2: pointers (check), objects", "1: objects"),
+    "append_beam_tail loop": ("2: pointers (check), objects", "1: objects"),
+}
+EVENTS = ("Ir", "D1", "LL")
+# Where the batch's requests lie decides how many passes kvest's address-order
+# sort makes (addrorder.h): without address-space randomisation they lie at the
+# same addresses on every run.
+NO_ASLR = (["setarch", os.uname().machine, "-R"]
+           if subprocess.run(["setarch", os.uname().machine, "-R", "true"],
+                             capture_output=True).returncode == 0 else [])
+
+
+# ------------------------------------------------------------------ the worker
+
+HELPER_C = r"""
+#include <stdlib.h>
+#include <valgrind/callgrind.h>
+void kvcg_start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void kvcg_toggle(void) { CALLGRIND_TOGGLE_COLLECT; }
+void kvcg_dump(const char *label) { CALLGRIND_DUMP_STATS_AT(label); }
+static volatile char *sweep;
+void kvcg_flush(size_t bytes)
+{
+    if (sweep == NULL) sweep = calloc(bytes, 1);
+    for (size_t i = 0; i < bytes; i += 64) sweep[i]++;
+}
+"""
+
+
+def _empty(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def hot_spots(side: str, names: list[str], sizes: list[int], root: str, version: str
+              ) -> Iterator[tuple[dict[str, Any], Callable[[str, int], tuple[Any, Any]]]]:
+    """In stand-in modules of the release at ``root``: each hot spot's function of
+    ``side`` (upstream's, or kvest's as ``patch()`` installs it), and
+    ``arguments(name, n)``, the batch of n requests as its caller passes it."""
+    import random
+
+    import kvest.sglang
+    from kvest._bench.requests import NestedReq
+    from kvest.sglang import parity, upstream
+
+    source = upstream.SourceTree(root, version)
+    with upstream.standin_tree(source) as tree:
+        handle = kvest.sglang.patch()
+        try:
+            targets = {t.spot: t for t in handle.plan.targets if t.registry is not None}
+            calls: dict[str, tuple[Any, tuple[str, ...]]] = {}
+            for name in names:
+                _, how, spot, kind = SPOTS[name]
+                target = targets[spot]
+                if how == "function":
+                    fn = target.new if side == "kvest" else target.original
+                    calls[name] = (fn, ())
+                    continue
+                swaps = [s for s in target.swaps if s.found.pattern.kind == kind]
+                alone, swapped, params = parity.statement_pair(
+                    target.analysis, swaps[0].found, target.spot)
+                calls[name] = (swapped if side == "kvest" else alone, params)
+            if side != "kvest":
+                handle.undo()  # upstream's functions call upstream's helpers
+            rng = random.Random(0)
+            worlds = {}
+            for n in sizes:
+                reqs = []
+                for _ in range(n):
+                    committed = rng.randint(300, 2**15)
+                    req = NestedReq(committed, committed + rng.randint(0, 2 * PAGE_SIZE))
+                    req.decode_batch_idx = rng.randint(300, 2**15)
+                    reqs.append(req)
+                picked = list(range(n))
+                random.Random(n).shuffle(picked)
+                worlds[n] = (tree.batch(reqs, PAGE_SIZE, None), reqs, picked)
+
+            def arguments(name: str, n: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+                batch, reqs, picked = worlds[n]
+                if name == "estimate":
+                    return (batch,), {}
+                if name == "estimate, selection":
+                    return (batch, picked), {}
+                if name == "alloc lens":
+                    return (reqs,), {"reserve": RESERVE, "page_size": PAGE_SIZE}
+                if name == "num_beam_member_rows":
+                    return (reqs,), {}
+                values = {"self": batch, "batch": batch, "selected_indices": picked,
+                          "token_per_req": 1, "t": 0}
+                lists = ("entries", "tails", "tails_cpu", "leader_idx", "widths")
+                return tuple(values.get(p, [] if p in lists else None)
+                             for p in calls[name][1]), {}
+
+            yield {name: fn for name, (fn, _) in calls.items()}, arguments
+        finally:
+            handle.undo()
+
+
+def worker(side: str, names: list[str], sizes: list[int], cold: list[int], helper: str,
+           root: str, version: str) -> None:
+    """Inside valgrind: build the batches, then count every (hot spot, n)."""
+    import ctypes
+
+    lib = ctypes.CDLL(helper)
+    lib.kvcg_dump.argtypes = [ctypes.c_char_p]
+    lib.kvcg_flush.argtypes = [ctypes.c_size_t]
+    toggle, dump, flush = lib.kvcg_toggle, lib.kvcg_dump, lib.kvcg_flush
+    with hot_spots(side, names, sizes, root, version) as (calls, arguments):
+        def segment(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    label: str) -> None:
+            toggle()
+            fn(*args, **kwargs)
+            toggle()
+            dump(label.encode())
+
+        # CPython 3.11+ specialises a code object's instructions only after it
+        # ran a while, and backs off exponentially where that fails: how many
+        # instructions a call takes depends on how often the code ran before.
+        # Every call runs WARM_ITERATIONS requests' worth first, uninstrumented,
+        # so that every count sees the steady state, whatever ran before it.
+        for name in names:
+            fn = calls[name]
+            for n in sizes:
+                args, kwargs = arguments(name, n)
+                for _ in range(max(8, WARM_ITERATIONS // n)):
+                    fn(*args, **kwargs)
+                    _empty(*args, **kwargs)
+        lib.kvcg_start()
+        segment(_empty, (), {}, "prime")
+        for name in names:
+            fn = calls[name]
+            for n in sizes:
+                args, kwargs = arguments(name, n)
+                fn(*args, **kwargs)  # warm: the same call made once, uncounted
+                _empty(*args, **kwargs)
+                segment(fn, args, kwargs, f"{name}|{n}|warm|call")
+                segment(_empty, args, kwargs, f"{name}|{n}|warm|empty")
+                if n in cold:
+                    flush(FLUSH_BYTES)
+                    segment(fn, args, kwargs, f"{name}|{n}|cold|call")
+                    flush(FLUSH_BYTES)
+                    segment(_empty, args, kwargs, f"{name}|{n}|cold|empty")
+
+
+# ------------------------------------------------------------------ the parent
+
+def build_helper(directory: str) -> str:
+    source = Path(directory) / "kvcg.c"
+    library = Path(directory) / "kvcg.so"
+    source.write_text(HELPER_C)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(library), str(source)],
+                   check=True)
+    return str(library)
+
+
+def _read_dumps(directory: Path, stem: str) -> dict[str, dict[str, int]]:
+    """label -> {Ir, D1, LL} (data misses, reads and writes) of every dump."""
+    out: dict[str, dict[str, int]] = {}
+    for path in directory.glob(f"{stem}.*"):
+        text = path.read_text()
+        label = re.search(r"^desc: Trigger: Client Request: (.*)$", text, re.MULTILINE)
+        events = re.search(r"^events:\s+(.*)$", text, re.MULTILINE)
+        totals = re.search(r"^(?:summary|totals):\s+(.*)$", text, re.MULTILINE)
+        if not (label and events and totals):
+            continue
+        values = dict(zip(events.group(1).split(), map(int, totals.group(1).split()),
+                          strict=False))
+        out[label.group(1).strip()] = {
+            "Ir": values.get("Ir", 0),
+            "D1": values.get("D1mr", 0) + values.get("D1mw", 0),
+            "LL": values.get("DLmr", 0) + values.get("DLmw", 0),
+        }
+    return out
+
+
+def run(side: str, names: list[str], sizes: list[int], cold: list[int], helper: str,
+        source: Any) -> dict[str, dict[str, int]]:
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    with tempfile.TemporaryDirectory() as tmp:
+        stem = "cg.out"
+        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                "import cachegrind_hotspots as t; "
+                f"t.worker({side!r}, {names!r}, {sizes!r}, {cold!r}, {helper!r}, "
+                f"{str(source.root)!r}, {source.version!r})")
+        proc = subprocess.run(
+            [*NO_ASLR, "valgrind", "--tool=callgrind", "--cache-sim=yes", *CACHE,
+             "--instr-atstart=no", "--collect-atstart=no",
+             f"--callgrind-out-file={tmp}/{stem}", sys.executable, "-c", code],
+            env=env, cwd=tmp, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the {side} worker failed:\n{proc.stderr[-4000:]}")
+        return _read_dumps(Path(tmp), stem)
+
+
+def per_request(dumps: dict[str, dict[str, int]], name: str, n: int, state: str
+                ) -> dict[str, float] | None:
+    call = dumps.get(f"{name}|{n}|{state}|call")
+    empty = dumps.get(f"{name}|{n}|{state}|empty")
+    if call is None or empty is None:
+        return None
+    return {e: (call[e] - empty[e]) / n for e in EVENTS}
+
+
+def source_tree(wheel: str | None, cache: str) -> Any:
+    """Upstream's files: from ``wheel`` (unpacked under ``cache``), else the installed sglang."""
+    from kvest.sglang import upstream
+
+    if wheel is not None:
+        tree = upstream.wheel(wheel, cache)
+    else:
+        tree = upstream.installed()
+        if tree is None:
+            raise SystemExit("no sglang installed: pip install --no-deps sglang==0.5.23, "
+                             "or pass --wheel")
+    if tree.version != VERSION:
+        raise SystemExit(f"sglang {tree.version}: the counts are for {VERSION}")
+    return tree
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.1f}" if abs(x) >= 1 else f"{x:.2f}"
+
+
+def markdown(results: dict[str, dict[str, dict[str, int]]]) -> str:
+    """The tables for docs/benchmarks.md."""
+    lines = ["| no-spec hot spot | n | instructions / request | D1 misses / request, warm | "
+             "D1 misses / request, cold | LL misses / request, cold |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name in SPOTS:
+        for n in TABLE_SIZES:
+            up = per_request(results["upstream"], name, n, "warm")
+            kv = per_request(results["kvest"], name, n, "warm")
+            upc = per_request(results["upstream"], name, n, "cold")
+            kvc = per_request(results["kvest"], name, n, "cold")
+            if not (up and kv and upc and kvc):
+                continue
+            lines.append(
+                f"| {name} | {n:,} | {_fmt(up['Ir'])} → {_fmt(kv['Ir'])} | "
+                f"{_fmt(up['D1'])} → {_fmt(kv['D1'])} | {_fmt(upc['D1'])} → {_fmt(kvc['D1'])} "
+                f"| {_fmt(upc['LL'])} → {_fmt(kvc['LL'])} |")
+    lines += ["", "| no-spec hot spot | passes over the batch, kvest | upstream |",
+              "| --- | --- | --- |"]
+    lines += [f"| {name} | {PASSES[name][0]} | {PASSES[name][1]} |" for name in SPOTS]
+    lines += ["", "| no-spec hot spot | crossover n | instructions per call at n = 1 "
+              "(upstream → kvest) | at n = 128 |", "| --- | ---: | ---: | ---: |"]
+    for name in SPOTS:
+        cross, row = crossover(results, name)
+        one = row.get(1)
+        last = row.get(128)
+        lines.append(f"| {name} | {cross} | "
+                     f"{_fmt(one[0]) + ' → ' + _fmt(one[1]) if one else '–'} | "
+                     f"{_fmt(last[0]) + ' → ' + _fmt(last[1]) if last else '–'} |")
+    return "\n".join(lines)
+
+
+def crossover(results: dict[str, dict[str, dict[str, int]]], name: str
+              ) -> tuple[str, dict[int, tuple[float, float]]]:
+    """The smallest n of CROSS_SIZES (then TABLE_SIZES) where kvest's instructions per
+    call are below upstream's, and every (upstream, kvest) pair per call."""
+    row: dict[int, tuple[float, float]] = {}
+    for n in (*CROSS_SIZES, *TABLE_SIZES):
+        up = per_request(results["upstream"], name, n, "warm")
+        kv = per_request(results["kvest"], name, n, "warm")
+        if up and kv:
+            row[n] = (up["Ir"] * n, kv["Ir"] * n)
+    below = [n for n, (u, k) in row.items() if k < u]
+    if not below:
+        return "none measured", row
+    first = min(below)
+    above_later = [n for n in row if n > first and row[n][1] >= row[n][0]]
+    label = f"{first:,}"
+    if above_later:
+        label += f" (not at {', '.join(f'{n:,}' for n in above_later)})"
+    return label, row
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    check, update, md = "--check" in args, "--update" in args, "--markdown" in args
+    wheel = None
+    only: list[int] | None = None
+    jobs = 2
+    out = None
+    for i, arg in enumerate(args):
+        if arg == "--wheel":
+            wheel = args[i + 1]
+        elif arg.startswith("--wheel="):
+            wheel = arg.split("=", 1)[1]
+        elif arg.startswith("--jobs="):
+            jobs = int(arg.split("=", 1)[1])
+        elif arg.startswith("--json="):
+            out = arg.split("=", 1)[1]
+        elif arg.startswith("--from-json="):  # render a --json file, run nothing
+            saved = json.loads(Path(arg.split("=", 1)[1]).read_text())
+            print(markdown(saved) if md else report(saved, [*CROSS_SIZES, *TABLE_SIZES]))
+            return 0
+        elif arg.startswith("--sizes="):  # a look at other sizes (not for the gate)
+            only = [int(x) for x in arg.split("=", 1)[1].split(",")]
+    scratch = tempfile.TemporaryDirectory()
+    try:
+        return _main(source_tree(wheel, scratch.name), scratch.name, check, update, md, jobs,
+                     out, only)
+    finally:
+        scratch.cleanup()
+
+
+def _main(source: Any, tmp: str, check: bool, update: bool, md: bool, jobs: int,
+          out: str | None, only: list[int] | None) -> int:
+    gate = check or update
+    sides = ["kvest"] if gate else ["upstream", "kvest"]
+    sizes = list(TABLE_SIZES) if gate else [*CROSS_SIZES, *TABLE_SIZES]
+    if only is not None and not gate:
+        sizes = only
+    names = list(SPOTS)
+    halves = [names[0::2], names[1::2]]
+    helper = build_helper(tmp)
+    work = [(side, half) for side in sides for half in halves]
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        parts = list(pool.map(
+            lambda w: (w[0], run(w[0], w[1], sizes, list(TABLE_SIZES), helper, source)),
+            work))
+    results: dict[str, dict[str, dict[str, int]]] = {side: {} for side in sides}
+    for side, dumps in parts:
+        results[side].update(dumps)
+    if out:
+        Path(out).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    if gate:
+        return gate_check(results["kvest"], update)
+    print(markdown(results) if md else report(results, sizes))
+    return 0
+
+
+def report(results: dict[str, dict[str, dict[str, int]]], sizes: list[int]) -> str:
+    """Every count per request, both sides, and the crossovers, as plain text."""
+    lines = [f"{'hot spot':32} {'n':>6} {'state':5} "
+             + " ".join(f"{e + ' up':>10} {e + ' kvest':>10}" for e in EVENTS)]
+    for name in SPOTS:
+        for n in sizes:
+            for state in ("warm", "cold"):
+                up = per_request(results["upstream"], name, n, state)
+                kv = per_request(results["kvest"], name, n, state)
+                if up and kv:
+                    lines.append(f"{name:32} {n:>6} {state:5} "
+                                 + " ".join(f"{up[e]:10.2f} {kv[e]:10.2f}" for e in EVENTS))
+    lines.append("\ncrossover (smallest n where kvest's instructions per call are below "
+                 "upstream's):")
+    lines += [f"  {name:32} {crossover(results, name)[0]}" for name in SPOTS]
+    return "\n".join(lines)
+
+
+def _key(name: str, n: int, state: str, event: str) -> str:
+    return f"{name} | n={n} | {state} | {event}"
+
+
+def _ceiling(key: str, value: float) -> float:
+    """The ceiling --update writes for a measurement."""
+    if not key.endswith("| Ir"):
+        return max(value * SLACK, value + MISS_SLACK)
+    if key.startswith("estimate, selection") and "| warm |" in key:
+        # The sort's passes and buckets follow the span of the requests' addresses:
+        # 751 or 839 instructions a request at 256, 677 to 727 at 1,024, from one
+        # place to another (another path, another environment) on the same build.
+        return value * SORT_SLACK
+    return value * SLACK
+
+
+def gate_check(dumps: dict[str, dict[str, int]], update: bool) -> int:
+    """kvest's counts per request against the ceilings: instructions (warm), D1 misses
+    (warm) and LL misses (cold), per hot spot, at TABLE_SIZES."""
+    measured: dict[str, float] = {}
+    for name in SPOTS:
+        for n in TABLE_SIZES:
+            warm = per_request(dumps, name, n, "warm")
+            cold = per_request(dumps, name, n, "cold")
+            if warm is None or cold is None:
+                raise RuntimeError(f"no counts for {name} at n={n}")
+            measured[_key(name, n, "warm", "Ir")] = warm["Ir"]
+            measured[_key(name, n, "warm", "D1")] = warm["D1"]
+            measured[_key(name, n, "cold", "LL")] = cold["LL"]
+    if update:
+        # Misses get at least MISS_SLACK a request above the measurement: where the
+        # heap lies moves a few-miss count by a few tenths from place to place
+        # (another path, another environment), and a new pass over the requests
+        # themselves costs about one miss a request more.
+        CEILINGS.write_text(json.dumps(
+            {k: round(_ceiling(k, v), 2) for k, v in measured.items()}, indent=2) + "\n")
+        print(f"ceilings written to {CEILINGS}")
+    ceilings = json.loads(CEILINGS.read_text())
+    failed = False
+    print(f"{'case':58} {'per request':>12} {'ceiling':>9}")
+    for key, value in measured.items():
+        ceiling = ceilings.get(key)
+        verdict = ""
+        if ceiling is None:
+            verdict = "  NO CEILING"
+            failed = True
+        elif value > ceiling:
+            verdict = "  ABOVE CEILING"
+            failed = True
+        print(f"{key:58} {value:12.2f} {ceiling if ceiling is not None else '-':>9}{verdict}")
+    if failed:
+        print("cachegrind gate: a count is above its ceiling (see above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
