@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -62,7 +63,8 @@ def load() -> tuple[Pattern, ...]:
                 nodes={p: (n[0], n[1]) for p, n in e["nodes"].items()},
                 releases=tuple(e["releases"]), layout=e.get("layout"),
                 reserve_factor=int(e.get("reserve_factor", 1)),
-                paths=tuple(tuple(path) for path in e.get("paths", ())))
+                # interned, as names in code are: the writer takes them as they come
+                paths=tuple(tuple(sys.intern(a) for a in path) for path in e.get("paths", ())))
         for e in data["patterns"])
 
 
