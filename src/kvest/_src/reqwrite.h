@@ -33,14 +33,7 @@
  * dict written behind the interpreter's back would race: there every access
  * is generic.
  *
- * One shortcut changes an object rather than a place: `x += d` on an exact
- * int that nothing but its slot or dict entry refers to adds to the int itself
- * (kw_bump), where CPython would make a new int and free the old one.  With
- * one reference there is no name, container or cache to see the difference.
- * This reads and writes PyLongObject's digit (cpython/longintrepr.h), the one
- * internal structure used here, under version checks for 3.10 to 3.13.
- *
- * Otherwise only public CPython structures are read (PyTypeObject, PyMemberDescrObject,
+ * Only public CPython structures are read (PyTypeObject, PyMemberDescrObject,
  * PyMemberDef) plus two long-exported lookups (_PyType_Lookup, which the
  * generic getattr itself uses, and _PyObject_GetDictPtr), as in reqattr.h.
  */
@@ -53,17 +46,6 @@
 #include <structmember.h>
 
 #include "typetag.h"
-#if PY_VERSION_HEX < 0x030B0000
-#include <longintrepr.h> /* PyLongObject's digits, for kw_bump */
-#endif
-
-/* kw_bump: on unless a build asks otherwise (the benchmarks' comparison),
- * and never without a GIL (a reference count alone proves nothing there). */
-#if !defined(KVEST_NO_BUMP_IN_PLACE) && !defined(Py_GIL_DISABLED)
-#define KW_BUMP 1
-#else
-#define KW_BUMP 0
-#endif
 
 #ifdef Py_RELATIVE_OFFSET
 #define KW_MEMBER_UNUSABLE Py_RELATIVE_OFFSET
@@ -72,9 +54,6 @@
 #endif
 
 enum { KW_GENERIC = 0, KW_DICT = 1, KW_MEMBER = 2 };
-
-/* Values kw_bump leaves alone: CPython shares the ints below this one. */
-#define KW_BUMP_LOW 257
 
 /* One attribute name of one path, with the route last worked out for it. */
 typedef struct {
@@ -313,7 +292,9 @@ static inline void kw_delta_init(kw_delta *dl, PyObject *delta)
 }
 
 /* operator.iadd(v, delta), as `x.a += delta` computes it; *pure cleared
- * when Python's operator ran (which may run any code). */
+ * when Python's operator ran (which may run any code).  The sum is always a
+ * new int (or a shared small one), made while v is still held, as CPython's
+ * own `+=` makes it: no int object is ever changed. */
 static inline PyObject *kw_iadd(PyObject *v, const kw_delta *dl, int *pure)
 {
     if (dl->fast && PyLong_CheckExact(v)) {
@@ -325,69 +306,6 @@ static inline PyObject *kw_iadd(PyObject *v, const kw_delta *dl, int *pure)
     }
     *pure = 0;
     return PyNumber_InPlaceAdd(v, dl->delta);
-}
-
-/* `v += d` done to v itself, where nothing can tell: v is an exact int that
- * only its holder refers to (one reference, so no name, container or cache
- * can see it change; CPython's own `+=` would free it and make a new int,
- * maybe at the same address), old and new value are one digit each and
- * above the shared small ints.  1 when done, 0 when `+=` must make a new int. */
-static inline int kw_bump(PyObject *v, long long d)
-{
-#if !KW_BUMP
-    (void)v;
-    (void)d;
-    return 0;
-#else
-    if (!PyLong_CheckExact(v) || Py_REFCNT(v) != 1) return 0;
-    PyLongObject *l = (PyLongObject *)v;
-    long long x;
-#if PY_VERSION_HEX >= 0x030C0000
-    if (!_PyLong_IsCompact(l)) return 0;
-    x = (long long)_PyLong_CompactValue(l);
-#else
-    if (Py_SIZE(v) != 1) return 0;
-    x = (long long)l->ob_digit[0];
-#endif
-    /* One digit: x <= PyLong_MASK < 2^30, so neither bound overflows. */
-    if (x < KW_BUMP_LOW || d < KW_BUMP_LOW - x || d > (long long)PyLong_MASK - x) return 0;
-#if PY_VERSION_HEX >= 0x030C0000
-    l->long_value.ob_digit[0] = (digit)(x + d); /* the sign and size stay */
-#else
-    l->ob_digit[0] = (digit)(x + d);
-#endif
-    return 1;
-#endif
-}
-
-/* `obj.<s->name> += d` by kw_bump, where the route proves that the value read
- * and the value written are one place (a slot, or the instance-dict entry at
- * the hint): 1 when done, 0 when the statement must run its general way. */
-static inline int kw_add_in_place(kw_step *s, PyObject *obj, const kw_delta *dl)
-{
-#if !KW_BUMP
-    (void)s;
-    (void)obj;
-    (void)dl;
-    return 0;
-#else
-    if (!dl->fast) return 0;
-    kw_route(s, Py_TYPE(obj));
-    if (s->get == KW_MEMBER && s->set == KW_MEMBER) {
-        PyObject *v = *(PyObject **)((char *)obj + s->offset);
-        return v != NULL && kw_bump(v, dl->d);
-    }
-#if PY_VERSION_HEX < 0x030C0000
-    /* 3.12 lets C code watch a dict's writes; before, an entry whose value
-     * object is changed in place is the dict unchanged. */
-    if (s->get == KW_DICT && s->set == KW_DICT && s->hint >= 0) {
-        PyObject **dictptr = _PyObject_GetDictPtr(obj);
-        PyObject *v = dictptr != NULL && *dictptr != NULL ? kw_at_hint(s, *dictptr) : NULL;
-        return v != NULL && kw_bump(v, dl->d);
-    }
-#endif
-    return 0;
-#endif
 }
 
 /* `req.<path> += delta` for one path of n steps: 0, or -1 with the exception
@@ -406,7 +324,6 @@ static inline int kw_add_path(kw_step *steps, Py_ssize_t n, PyObject *req, const
         if (*owner == NULL) return -1;
     }
     PyObject *obj = *owner;
-    if (kw_add_in_place(&steps[n - 1], obj, dl)) return 0;
     PyObject *v = kw_get(&steps[n - 1], obj, pure);
     if (v == NULL) return -1;
     PyObject *sum = kw_iadd(v, dl, pure);
