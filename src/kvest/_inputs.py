@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from kvest._errors import int64_overflow
+from kvest._errors import impure_argument, int64_overflow
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -664,6 +664,13 @@ def plan_grew_error(m: int) -> IndexError:
     return IndexError(f"reqs grew past the {m} rows the plan was sized for while it was read")
 
 
+def plan_shrank_error(m: int, n: int) -> IndexError:
+    """A list of requests that shrank to ``n`` while a plan sized for its ``m``
+    rows was filled: the rows never reached are not left unwritten."""
+    return IndexError(f"reqs shrank from the {m} rows the plan was sized for to {n} "
+                      "while it was read")
+
+
 def req_rows(reqs: Any, indices: Any) -> tuple[Any, np.ndarray | None]:
     """``reqs`` and the validated rows ``indices`` selects (``None``: every request).
 
@@ -746,3 +753,64 @@ def as_req_layout(layout: Any) -> tuple[str, str]:
         raise ValueError(
             f"layout must be None, 'flat', 'mixed' or 'nested', got {str.__repr__(layout)}"
         ) from None
+
+
+# ------------------------------------------------------------------ pure mode
+# ``pure=True``: no code of the caller's may run.  Every argument that is not a
+# request is judged here, before any request is read, for both implementations:
+# a type whose reading is the interpreter's or NumPy's own passes (and is then
+# judged by the usual rules, which run nothing of the caller's on it); anything
+# else is ImpureRequest naming the argument.
+
+def _numpy_scalar(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and isinstance(value, (np.integer, np.bool_))
+
+
+def pure_reqs(reqs: Any) -> None:
+    """Requests in pure mode: a list or tuple (iterating anything else may run code)."""
+    if type(reqs) is not list and type(reqs) is not tuple:
+        raise impure_argument("reqs")
+
+
+def pure_scalar(value: Any, name: str) -> None:
+    if type(value) is not int and type(value) is not bool and not _numpy_scalar(value):
+        raise impure_argument(name)
+
+
+def pure_values(values: Any, name: str) -> None:
+    """A list or tuple whose items are exact ints in int64 (the writers' values)."""
+    if type(values) is not list and type(values) is not tuple:
+        raise impure_argument(name)
+    for i, v in enumerate(values):
+        if type(v) is not int or not INT64_MIN <= v <= INT64_MAX:
+            raise impure_argument(f"{name}[{i}]")
+
+
+def pure_args(indices: Any = None, layout: Any = None, flags: tuple = (),
+              scalars: tuple = (), out: Any = None, dtype: Any = None) -> None:
+    """The arguments other than ``reqs`` of a request-object function in pure mode."""
+    for value, name in scalars:
+        pure_scalar(value, name)
+    if indices is not None:
+        if type(indices) is list or type(indices) is tuple:
+            for i, v in enumerate(indices):
+                if type(v) is not int and type(v) is not bool and not _numpy_scalar(v):
+                    raise impure_argument(f"indices[{i}]")
+        elif type(indices) is not np.ndarray or indices.dtype.hasobject:
+            raise impure_argument("indices")
+    for value, name in flags:
+        if value is not True and value is not False and type(value) is not np.bool_:
+            raise impure_argument(name)
+    if layout is not None and type(layout) is not str:
+        raise impure_argument("layout")
+    if out is not None and not (type(out) is tuple and len(out) == 2
+                                and all(type(b) is np.ndarray for b in out)):
+        raise impure_argument("out")
+    # (compared by identity: `in` would call an object's own __eq__)
+    if not (dtype is None or type(dtype) is str or any(dtype is d for d in _PURE_DTYPES)
+            or any(type(dtype) is t for t in _PURE_DTYPE_TYPES)):
+        raise impure_argument("dtype")
+
+
+_PURE_DTYPES = (np.int32, np.int64, int)
+_PURE_DTYPE_TYPES = tuple({type(np.dtype(np.int32)), type(np.dtype(np.int64)), np.dtype})

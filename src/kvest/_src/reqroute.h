@@ -1,0 +1,195 @@
+/*
+ * The attribute-route core, one for the readers (reqattr.h) and the writers
+ * (reqwrite.h): how getattr(obj, name) and setattr(obj, name, value) go for
+ * one type, worked out once and trusted while the type's version tag holds
+ * (typetag.h); the instance dict found without letting a collection run; and
+ * the dict read that runs no code of the caller's (pure mode).
+ *
+ *   KV_ROUTE_DICT    the type's getattro (for reads) or setattro (for writes)
+ *                    is the generic one and no class in the MRO defines the
+ *                    name: the value lives in the instance __dict__;
+ *   KV_ROUTE_MEMBER  the MRO defines the name as a member descriptor of an
+ *                    object slot (a __slots__ entry, a slots=True dataclass
+ *                    field) under its own name: the value sits at the
+ *                    descriptor's offset, read or replaced there exactly as
+ *                    the descriptor's __get__/__set__ do (an unset slot reads
+ *                    as missing, or as None for T_OBJECT);
+ *   KV_ROUTE_GENERIC anything else (a property or any other descriptor, a
+ *                    custom __getattr__/__getattribute__/__setattr__, a
+ *                    read-only or audited member, a str subclass as the
+ *                    name): PyObject_GetAttr/PyObject_SetAttr.
+ *
+ * Collections.  On 3.11+ finding an instance dict may build it (an
+ * allocation), and a collection there could run a finalizer -- Python code --
+ * in the middle of C code that holds borrowed pointers and cached routes.
+ * Each call keeps a kv_gc: the first dict lookup holds collections off, and
+ * they are let run again (the caller's state restored) right before anything
+ * that may run Python code (a generic lookup, an operator, an iterator) and
+ * when the call ends.  So the caller's code always runs with the caller's
+ * collector state, and kvest's own stretches of C code never see a
+ * collection.  (A collection's timing is not part of Python's semantics.)
+ *
+ * Private CPython API used here, on 3.10 to 3.13 (docs/development.md lists
+ * them): _PyType_Lookup, _PyObject_GetDictPtr, and the fields of
+ * PyMemberDescrObject/PyMemberDef (structmember.h names).  Built with
+ * KVEST_PUBLIC_API_ONLY, or on a Python newer than 3.13, every route is
+ * generic and none of them is used.
+ */
+#ifndef KVEST_REQROUTE_H
+#define KVEST_REQROUTE_H
+
+#include <Python.h>
+#include <string.h>
+
+#if PY_VERSION_HEX >= 0x030E0000 && !defined(KVEST_PUBLIC_API_ONLY)
+#define KVEST_PUBLIC_API_ONLY 1
+#endif
+/* Without a GIL a slot or dict read behind the interpreter's back would race:
+ * there every access is generic too. */
+#if defined(KVEST_PUBLIC_API_ONLY) || defined(Py_GIL_DISABLED)
+#define KV_SHORTCUTS 0
+#else
+#define KV_SHORTCUTS 1
+#include <structmember.h>
+#endif
+
+#include "typetag.h"
+
+enum { KV_ROUTE_GENERIC = 0, KV_ROUTE_DICT = 1, KV_ROUTE_MEMBER = 2 };
+
+/* A read or write that would need code of the caller's, in pure mode: nothing set. */
+#define KV_IMPURE (-2)
+
+typedef struct {
+    unsigned char get, set;      /* KV_ROUTE_* */
+    unsigned char none_if_unset; /* T_OBJECT: an unset slot reads as None */
+    Py_ssize_t offset;           /* KV_ROUTE_MEMBER */
+} kv_route;
+
+/* The route of name (an exact, interned str, or anything else: generic) on t. */
+static void kv_route_resolve(kv_route *r, PyTypeObject *t, PyObject *name)
+{
+    r->get = r->set = KV_ROUTE_GENERIC;
+    r->none_if_unset = 0;
+    r->offset = 0;
+#if KV_SHORTCUTS
+    /* A str subclass may hash and compare its own way: only the generic
+     * lookups know what it means. */
+    if (!PyUnicode_CheckExact(name)) return;
+    int get_generic = t->tp_getattro == PyObject_GenericGetAttr;
+    int set_generic = t->tp_setattro == PyObject_GenericSetAttr;
+    if (!get_generic && !set_generic) return;
+    PyObject *descr = _PyType_Lookup(t, name); /* borrowed; sets no error */
+    if (descr == NULL) {
+        if (get_generic) r->get = KV_ROUTE_DICT;
+        if (set_generic) r->set = KV_ROUTE_DICT;
+    } else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDescrObject *md = (PyMemberDescrObject *)descr;
+        PyMemberDef *m = md->d_member;
+#ifdef Py_RELATIVE_OFFSET
+        int unusable = m->flags & Py_RELATIVE_OFFSET;
+#else
+        int unusable = 0;
+#endif
+        /* The subtype check: a descriptor copied from an unrelated class makes
+         * the generic code raise TypeError.  The name check: a descriptor
+         * copied under another name reads another slot than its name says. */
+        if ((m->type == T_OBJECT_EX || m->type == T_OBJECT) && !unusable
+            && md->d_common.d_name == name && PyType_IsSubtype(t, md->d_common.d_type)) {
+            r->offset = m->offset;
+            r->none_if_unset = m->type == T_OBJECT;
+            if (get_generic && !(m->flags & PY_AUDIT_READ)) r->get = KV_ROUTE_MEMBER;
+            if (set_generic && !(m->flags & READONLY)) r->set = KV_ROUTE_MEMBER;
+        }
+    }
+#else
+    (void)t;
+    (void)name;
+#endif
+}
+
+/* Whether what was worked out for t under tag `version` still holds. */
+static inline int kv_route_current(PyTypeObject *known, unsigned int version, PyTypeObject *t)
+{
+    return known == t && kv_tag_valid(t) && t->tp_version_tag == version;
+}
+
+/* ------------------------------------------------------------ collections */
+
+typedef struct {
+    int held;  /* collections held off by this call */
+    int saved; /* the collector's state before (PyGC_Disable's answer) */
+} kv_gc;
+
+static inline void kv_gc_init(kv_gc *g)
+{
+    g->held = 0;
+    g->saved = 0;
+}
+
+static inline void kv_gc_hold(kv_gc *g)
+{
+    if (!g->held) {
+        g->saved = PyGC_Disable();
+        g->held = 1;
+    }
+}
+
+/* Before code of the caller's runs, and when the call ends. */
+static inline void kv_gc_let(kv_gc *g)
+{
+    if (g->held) {
+        g->held = 0;
+        if (g->saved) PyGC_Enable();
+    }
+}
+
+#if KV_SHORTCUTS
+/* Where obj keeps its instance dict (building it on 3.11+), collections held off. */
+static inline PyObject **kv_dictptr(kv_gc *g, PyObject *obj)
+{
+    kv_gc_hold(g);
+    return _PyObject_GetDictPtr(obj);
+}
+#endif
+
+/* ------------------------------------------------------- pure dict reads */
+
+/* dict's entry for name (an exact str) found without a lookup, so that no
+ * key's __eq__ or __hash__ runs: a key that is name itself or an equal exact
+ * str.  1 with the value (borrowed) and its PyDict_Next position in *at;
+ * 0 when no key is; KV_IMPURE when no key is but one that is not an exact str
+ * could stand for it (the generic lookup would compare it its own way). */
+static int kv_dict_scan(PyObject *dict, PyObject *name, PyObject **value, Py_ssize_t *at)
+{
+    Py_ssize_t pos = 0, len = PyUnicode_GET_LENGTH(name);
+    PyObject *key, *v;
+    int odd = 0;
+    while (PyDict_Next(dict, &pos, &key, &v)) {
+        if (key == name) goto found;
+        if (!PyUnicode_CheckExact(key)) {
+            odd = 1;
+        } else if (PyUnicode_GET_LENGTH(key) == len && PyUnicode_Compare(key, name) == 0) {
+            goto found;
+        }
+        continue;
+    found:
+        *value = v;
+        *at = pos - 1;
+        return 1;
+    }
+    return odd ? KV_IMPURE : 0;
+}
+
+/* Whether every key of dict is an exact str: then storing into it compares
+ * keys with no code of the caller's. */
+static int kv_dict_str_keys(PyObject *dict)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *v;
+    while (PyDict_Next(dict, &pos, &key, &v))
+        if (!PyUnicode_CheckExact(key)) return 0;
+    return 1;
+}
+
+#endif
