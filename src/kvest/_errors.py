@@ -16,7 +16,7 @@ from typing import Any
 INT64_MAX = 2**63 - 1
 
 
-class ImpureRequest(Exception):  # noqa: N818 -- the public name the contract gives it
+class ImpureRequest(Exception):
     """A request-object function called with ``pure=True`` met an argument or a
     request it cannot read (or write) without running Python code of the
     caller's: a property, ``__getattr__``, ``__index__``, an iterator, a dict

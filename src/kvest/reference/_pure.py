@@ -18,6 +18,7 @@ import types
 from typing import Any
 
 from kvest._errors import INT64_MAX, impure_request
+from kvest._inputs import req_length_value
 
 INT64_MIN = -(2**63)
 
@@ -121,8 +122,6 @@ def can_store(obj: Any, name: str) -> bool:
 def length(req: Any, pos: int, attr: str, where: str) -> int:
     """reqs[pos].<attr> read where the layout says, in pure mode: an exact int in
     int64 (a negative one is judged by the shared rule), or an exception."""
-    from kvest._inputs import req_length_value  # noqa: PLC0415 (a cycle otherwise)
-
     value = MISSING
     if where != "nested":
         value = get(req, attr)
