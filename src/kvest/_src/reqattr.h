@@ -68,22 +68,6 @@ typedef struct {
     kv_gc gc;
 } kv_cache;
 
-/* Instances of one class usually build their __dict__ in the same order, so a
- * name sits at the same position in each: hints outlive a call here, keyed by
- * type and version tag (compared, never dereferenced).  They are guesses
- * checked on use, so a stale one costs a search, never a wrong value.  Without
- * shortcuts (no GIL, or the public-API build) nothing reads them. */
-#if KV_SHORTCUTS
-#define KV_HINT_SLOTS 8
-typedef struct {
-    PyTypeObject *type;
-    unsigned int version;
-    Py_ssize_t hint[KV_NUM_NAMES];
-} kv_hint_entry;
-static kv_hint_entry kv_hints[KV_HINT_SLOTS];
-static int kv_hints_next;
-#endif
-
 static inline void kv_cache_init(kv_cache *c, PyObject *committed, PyObject *allocated,
                                  PyObject *nested, PyObject *beam, PyObject *rows, int pure)
 {
@@ -136,46 +120,26 @@ static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
      * the entry is never current and the type is resolved again each time. */
     l->version = kv_tag_valid(t) ? t->tp_version_tag : 0;
     if (!kv_tag_valid(t)) l->type = NULL;
-#if KV_SHORTCUTS
-    for (int i = 0; l->type && i < KV_HINT_SLOTS; i++)
-        if (kv_hints[i].type == t && kv_hints[i].version == l->version)
-            for (int k = 0; k < KV_NUM_NAMES; k++) l->read[k].hint = kv_hints[i].hint[k];
-#endif
+    if (l->type)
+        for (int k = 0; k < KV_NUM_NAMES; k++)
+            if (l->read[k].how == KV_READ_DICT)
+                l->read[k].hint = kv_hint_find(t, l->version, c->names[k]);
     return l;
 }
 
-/* Records `pos` (where the name sits in a dict that holds it) as l's hint. */
-static void kv_keep_hint(kv_layout *l, int which, Py_ssize_t pos)
+/* Records `pos` (where names[which] sits in a dict that holds it) as l's hint. */
+static void kv_keep_hint(kv_cache *c, kv_layout *l, int which, Py_ssize_t pos)
 {
     l->read[which].hint = pos;
-#if KV_SHORTCUTS
-    if (l->type == NULL) return;
-    kv_hint_entry *e = NULL;
-    for (int i = 0; i < KV_HINT_SLOTS; i++)
-        if (kv_hints[i].type == l->type && kv_hints[i].version == l->version) e = &kv_hints[i];
-    if (e == NULL) {
-        e = &kv_hints[kv_hints_next];
-        kv_hints_next = (kv_hints_next + 1) % KV_HINT_SLOTS;
-        e->type = l->type;
-        e->version = l->version;
-        for (int k = 0; k < KV_NUM_NAMES; k++) e->hint[k] = -1;
-    }
-    e->hint[which] = pos;
-#endif
+    kv_hint_keep(l->type, l->version, c->names[which], pos);
 }
 
-/* Finds where `name` sits in `dict` (which holds it) for l's hint. */
+/* Finds where names[which] sits in `dict` (which holds it) for l's hint. */
 static void kv_learn_hint(kv_cache *c, kv_layout *l, int which, PyObject *dict)
 {
-    Py_ssize_t pos = 0;
-    PyObject *key, *value;
+    Py_ssize_t pos = kv_dict_position(dict, c->names[which]);
     c->learn--;
-    while (PyDict_Next(dict, &pos, &key, &value)) {
-        if (key == c->names[which]) {
-            kv_keep_hint(l, which, pos - 1);
-            return;
-        }
-    }
+    if (pos >= 0) kv_keep_hint(c, l, which, pos);
 }
 
 static inline kv_layout *kv_layout_for(kv_cache *c, PyTypeObject *t)
@@ -251,7 +215,7 @@ static inline int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
                 if (c->pure == KV_PURE_QUICK) return KV_IMPURE;
                 found = kv_dict_scan(dict, name, &v, &at);
                 if (found != 1) return found;
-                kv_keep_hint(l, which, at);
+                kv_keep_hint(c, l, which, at);
                 *value = Py_NewRef(v);
                 return 1;
             }

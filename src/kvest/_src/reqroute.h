@@ -114,6 +114,75 @@ static inline int kv_route_current(PyTypeObject *known, unsigned int version, Py
     return known == t && kv_tag_valid(t) && t->tp_version_tag == version;
 }
 
+/* ------------------------------------------------------------- dict hints */
+
+/* Instances of one class build their __dict__ in the same order, so a name
+ * sits at the same position in each: a hint is that position (a PyDict_Next
+ * position), kept past a call here, keyed by type, version tag and name
+ * (compared, never dereferenced).  A hint is only a guess: a probe there
+ * counts only if the key found is the name itself, so a stale one costs a
+ * search, never a wrong value.  Without shortcuts nothing reads them. */
+#if KV_SHORTCUTS
+#define KV_HINT_SLOTS 16
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+    PyObject *name;
+    Py_ssize_t hint;
+} kv_hint_entry;
+static kv_hint_entry kv_hints[KV_HINT_SLOTS];
+static int kv_hints_next;
+#endif
+
+/* The hint kept for name on t (under tag version), or -1. */
+static Py_ssize_t kv_hint_find(PyTypeObject *t, unsigned int version, PyObject *name)
+{
+#if KV_SHORTCUTS
+    for (int i = 0; i < KV_HINT_SLOTS; i++)
+        if (kv_hints[i].type == t && kv_hints[i].version == version && kv_hints[i].name == name)
+            return kv_hints[i].hint;
+#else
+    (void)t;
+    (void)version;
+    (void)name;
+#endif
+    return -1;
+}
+
+static void kv_hint_keep(PyTypeObject *t, unsigned int version, PyObject *name, Py_ssize_t pos)
+{
+#if KV_SHORTCUTS
+    kv_hint_entry *e = NULL;
+    if (t == NULL) return; /* a type without a version tag: nothing to key it by */
+    for (int i = 0; i < KV_HINT_SLOTS; i++)
+        if (kv_hints[i].type == t && kv_hints[i].version == version && kv_hints[i].name == name)
+            e = &kv_hints[i];
+    if (e == NULL) {
+        e = &kv_hints[kv_hints_next];
+        kv_hints_next = (kv_hints_next + 1) % KV_HINT_SLOTS;
+    }
+    e->type = t;
+    e->version = version;
+    e->name = name;
+    e->hint = pos;
+#else
+    (void)t;
+    (void)version;
+    (void)name;
+    (void)pos;
+#endif
+}
+
+/* Where name sits in dict (which holds it under that very key), or -1. */
+static Py_ssize_t kv_dict_position(PyObject *dict, PyObject *name)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &pos, &key, &value))
+        if (key == name) return pos - 1;
+    return -1;
+}
+
 /* ------------------------------------------------------------ collections */
 
 typedef struct {
