@@ -711,3 +711,88 @@ def test_layout_str_subclass_read_by_its_characters(layout):
                        ("decode_new_tokens_from_reqs", (16,))):
         assert (check_same(name, reqs, *args, layout=LoudStr(layout))
                 == check_same(name, reqs, *args, layout=layout))
+
+
+# ------------------------------------------- collections in the middle of a call
+
+GC_CALLS = {
+    "spec_v2": "kvest.spec_v2_new_tokens_from_reqs(reqs, 16, 20, layout=LAYOUT)",
+    "decode": "kvest.decode_new_tokens_from_reqs(reqs, 16, layout=LAYOUT)",
+    "plan": "kvest.decode_alloc_plan_from_reqs(reqs, 16, 20, layout=LAYOUT)",
+    "plan_int32": "kvest.decode_alloc_plan_from_reqs(reqs, 16, 20, layout=LAYOUT, "
+                  "dtype=np.int32)",
+    "beam_groups": "kvest.beam_groups_from_reqs(reqs)",
+    "add": "kvest.add_to_attrs(reqs, ('kv.kv_allocated_len', 'kv.kv_committed_len'), 1)",
+    "add_flat": "kvest.add_to_attrs(reqs, ('beam_group', 'beam_group'), 3)",
+    "max": "kvest.max_into_attr(reqs, 'kv.kv_allocated_len', list(range(len(reqs))))",
+}
+
+
+@pytest.mark.parametrize("pure", PURE, ids=PURE_IDS)
+@pytest.mark.parametrize("layout", [None, "nested"])
+@pytest.mark.parametrize("call", GC_CALLS)
+def test_finalizers_that_build_instance_dicts_mid_call(call, layout, pure):
+    """Issue 26: on 3.11 the first read or write of a fresh object's attribute
+    makes its instance dict real; the allocation may collect garbage, and the
+    finalizer here makes the same requests' dicts real and adds to them.  The
+    compiled kernels hold collections off while their C code holds borrowed
+    pointers: no crash, no garbage read or written, the answer and the
+    requests' state those of a call without the finalizer."""
+    lines = isolated(f"""
+    import gc
+    LAYOUT = {layout!r}
+    class KV:
+        def __init__(self, c):
+            self.kv_committed_len, self.kv_allocated_len = c, c + 3
+    class Req:
+        def __init__(self, c):
+            self.kv, self.beam_group = KV(c), (7 if c % 3 else None)
+    class Bomb:
+        def __init__(self, victims):
+            self.me, self.victims = self, victims  # only the collector frees it
+        def __del__(self):
+            for r in self.victims:
+                vars(r)["spare"] = vars(r.kv)["spare"] = 1
+    def state(reqs):
+        return [(r.kv.kv_committed_len, r.kv.kv_allocated_len, r.beam_group) for r in reqs]
+    for rounds in range(30):
+        reqs = [Req(i) for i in range(40)]
+        want = show(lambda: {GC_CALLS[call]}), state(reqs)
+        reqs = [Req(i) for i in range(40)]  # fresh: no instance dict made yet
+        for _ in range(5):
+            Bomb(reqs)
+        gc.set_threshold(1)
+        try:
+            got = show(lambda: {GC_CALLS[call]}), state(reqs)
+        finally:
+            gc.set_threshold(700)
+        gc.collect()
+        assert got == want, (got, want)
+    print("same")
+    """, pure=pure)
+    assert lines == ["same"]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("how", ["new", "int32", "out64", "out32"])
+def test_list_shrinking_during_a_plan(impl, how):
+    """Issue 26: a request's property shrinks the list mid-plan.  The rows it
+    never reaches would be np.empty's garbage (or an out= buffer's old
+    values): the plan raises instead, as one that grows does."""
+    class Shrinking:
+        kv_allocated_len = 1
+
+        @property
+        def kv_committed_len(self):
+            del reqs[1:]
+            return 1
+
+    plain = SimpleNamespace(kv_committed_len=1, kv_allocated_len=1)
+    kwargs = {"new": {}, "int32": {"dtype": np.int32},
+              "out64": {"out": (np.full(3, -7), np.full(3, -7))},
+              "out32": {"out": (np.full(3, -7, np.int32), np.full(3, -7, np.int32))}}[how]
+    for first in range(2):
+        reqs = [plain, Shrinking(), plain] if first else [Shrinking(), plain, plain]
+        with pytest.raises(IndexError, match=r"^reqs shrank while the plan sized for its 3 "
+                                             rf"rows was filled: {1 + first} rows were read$"):
+            impl.decode_alloc_plan_from_reqs(reqs, 16, 4, **kwargs)

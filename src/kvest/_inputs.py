@@ -665,10 +665,10 @@ def plan_grew_error(m: int) -> IndexError:
 
 
 def plan_shrank_error(m: int, n: int) -> IndexError:
-    """A list of requests that shrank to ``n`` while a plan sized for its ``m``
-    rows was filled: the rows never reached are not left unwritten."""
-    return IndexError(f"reqs shrank from the {m} rows the plan was sized for to {n} "
-                      "while it was read")
+    """A list of requests that shrank while a plan sized for its ``m`` rows was
+    filled, after ``n`` rows: the rows never reached are not returned unwritten."""
+    return IndexError(f"reqs shrank while the plan sized for its {m} rows was filled: "
+                      f"{n} rows were read")
 
 
 def req_rows(reqs: Any, indices: Any) -> tuple[Any, np.ndarray | None]:
