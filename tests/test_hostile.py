@@ -747,25 +747,34 @@ def test_finalizers_that_build_instance_dicts_mid_call(call, layout, pure):
     class Req:
         def __init__(self, c):
             self.kv, self.beam_group = KV(c), (7 if c % 3 else None)
+    budget = [0]
     class Bomb:
         def __init__(self, victims):
             self.me, self.victims = self, victims  # only the collector frees it
         def __del__(self):
             for r in self.victims:
                 vars(r)["spare"] = vars(r.kv)["spare"] = 1
+            if budget[0] > 0:  # another one for the next collection
+                budget[0] -= 1
+                Bomb(self.victims)
     def state(reqs):
         return [(r.kv.kv_committed_len, r.kv.kv_allocated_len, r.beam_group) for r in reqs]
     for rounds in range(30):
         reqs = [Req(i) for i in range(40)]
         want = show(lambda: {GC_CALLS[call]}), state(reqs)
         reqs = [Req(i) for i in range(40)]  # fresh: no instance dict made yet
-        for _ in range(5):
-            Bomb(reqs)
+        budget[0] = 10_000
+        Bomb(reqs)
+        # Dicts held, so that none waits on the interpreter's free list: the
+        # next dict made (an instance dict built) is an allocation that collects.
+        held = [dict() for _ in range(200)]
         gc.set_threshold(1)
         try:
             got = show(lambda: {GC_CALLS[call]}), state(reqs)
         finally:
+            budget[0] = 0
             gc.set_threshold(700)
+        del held
         gc.collect()
         assert got == want, (got, want)
     print("same")
