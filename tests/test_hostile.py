@@ -10,6 +10,7 @@ answer or exception; the rest run in-process under both.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import itertools
 import mmap
@@ -805,3 +806,79 @@ def test_list_shrinking_during_a_plan(impl, how):
         with pytest.raises(IndexError, match=r"^reqs shrank while the plan sized for its 3 "
                                              rf"rows was filled: {1 + first} rows were read$"):
             impl.decode_alloc_plan_from_reqs(reqs, 16, 4, **kwargs)
+
+
+# ----------------------------------------------- lying containers, absurd sizes
+
+class _LyingIter(list):
+    """A list whose __iter__ yields only its first item."""
+
+    def __iter__(self):
+        return iter(list.__getitem__(self, slice(0, 1)))
+
+
+class _LyingLen(list):
+    """A list whose __len__ says 1, whatever it holds."""
+
+    def __len__(self):
+        return 1
+
+
+class _LyingTuple(tuple):
+    __slots__ = ()
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        return tuple.__getitem__(self, 0)
+
+
+@pytest.mark.parametrize("kind", [_LyingIter, _LyingLen, _LyingTuple])
+@pytest.mark.parametrize("fn", READERS, ids=list(READERS))
+@pytest.mark.parametrize("indices", [None, [0, -1]])
+def test_list_subclasses_are_read_through_their_own_methods(kind, fn, indices):
+    """The rule (docs/contract.md): an exact list or tuple is read through its
+    storage, as its iterator would read it; a subclass is a sequence like any
+    other, read through its own methods -- iter() once without indices, len()
+    and [] with them -- as the loop it stands for reads it.  Both
+    implementations, to the message; never a row left unread."""
+    name, args = READERS[fn]
+
+    @dataclasses.dataclass(slots=True)
+    class Req:
+        kv_committed_len: int
+        kv_allocated_len: int
+        beam_group: object = None
+
+    reqs = kind([Req(5, 8), Req(16, 16), Req(1, 0)])
+    got = check_same(name, reqs, *args, indices)
+    if fn == "plan" and indices is None and kind is not _LyingLen:
+        want = len(list(iter(reqs)))
+        assert got[0] == "raise" or len(got[1][0]) == want, got
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_absurd_sizes_are_refused_by_name(impl):
+    """A range of 2^62 lengths, 2^40 broadcast indices: a ValueError naming the
+    argument, before anything is allocated (no MemoryError, no NumPy message)."""
+    huge = range(2**62)
+    bcast = np.broadcast_to(np.int64(0), 2**40)
+    cases = [
+        (lambda: impl.spec_v2_new_tokens(huge, huge, 16, 4), "committed"),
+        (lambda: impl.decode_alloc_plan(huge, huge, 16, 4), "committed"),
+        (lambda: impl.num_new_pages(huge, 16, decode=True), "seq_lens"),
+        (lambda: impl.decode_new_tokens([1, 2, 3], 16, bcast), "indices"),
+        (lambda: impl.spec_v2_new_tokens([1], [1], 16, 4, bcast), "indices"),
+        (lambda: impl.decode_new_tokens_from_reqs([], 16, bcast), "indices"),
+        (lambda: impl.decode_new_tokens(bcast, 16), None),
+    ]
+    for call, name in cases:
+        with pytest.raises(ValueError, match=r"rows; kvest copies at most 2\*\*32 rows") as info:
+            call()
+        if name is not None:
+            assert str(info.value).startswith(f"{name} has "), info.value
+    assert impl.decode_new_tokens(np.broadcast_to(np.int64(0), 5), 16) == 80

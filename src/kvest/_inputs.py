@@ -143,6 +143,21 @@ def _missing_position(arr: np.ndarray) -> int | None:
     return None
 
 
+# The most rows kvest copies out of an argument it cannot read in place (a
+# range, a strided or broadcast view, another dtype or byte order, indices):
+# 2^32 rows, 32 GiB of int64.  A larger one is a ValueError naming it, before
+# anything is allocated -- never a MemoryError, never NumPy's own complaint.
+MAX_COPIED_ROWS = 2**32
+
+
+def _copyable(n: int, name: str) -> None:
+    if n > MAX_COPIED_ROWS:
+        raise ValueError(
+            f"{name} has {n} rows; kvest copies at most 2**32 rows of an argument it "
+            "cannot read in place (a range, a strided or broadcast view, another dtype, "
+            "indices)")
+
+
 def _from_array(arr: np.ndarray, name: str) -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got {arr.ndim}-D with shape {arr.shape}")
@@ -158,7 +173,9 @@ def _from_array(arr: np.ndarray, name: str) -> np.ndarray:
     if arr.dtype in _NATIVE_INT:
         if arr.flags.c_contiguous and arr.flags.aligned:
             return arr.view(np.ndarray) if type(arr) is not np.ndarray else arr
+        _copyable(arr.size, name)
         return np.array(arr, dtype=arr.dtype, order="C")
+    _copyable(arr.size, name)
     if kind == "u" and arr.dtype.itemsize == 8:
         # Converted first, then checked: the values judged are the values kept,
         # even if another thread writes the caller's array meanwhile.
@@ -205,6 +222,7 @@ def _from_range(r: range, name: str) -> np.ndarray:
     length = _range_int64(r, name)
     if length == 0:
         return np.zeros(0, dtype=np.int64)
+    _copyable(length, name)
     # Modular (unsigned) arithmetic is exact when every value fits the signed
     # type of the same width, which is checked here and above;
     # np.arange(start, stop, step) is not: it sizes its result in floating
@@ -417,7 +435,9 @@ def as_indices(indices: Any, n: int) -> np.ndarray:
     if isinstance(indices, range):
         _range_int64(indices, "indices")
         _range_out_of_bounds(indices, n)
-    idx = as_lengths(indices, "indices").astype(np.int64, copy=True)
+    idx = as_lengths(indices, "indices")
+    _copyable(idx.size, "indices")
+    idx = idx.astype(np.int64, copy=True)
     bad = np.flatnonzero((idx < -n) | (idx >= n))
     if bad.size:
         pos = int(bad[0])

@@ -188,8 +188,10 @@ def decode_alloc_plan_from_reqs(
     at_c, at_a = as_req_layout(layout)
     exact = as_flag(exact_ints, "exact_ints")
     reqs, rows = req_rows(reqs, indices)
-    if rows is None and not isinstance(reqs, (list, tuple)):
-        reqs = reqs_list(reqs)  # the plan's length must be known before the first row
+    if rows is None and type(reqs) is not list and type(reqs) is not tuple:
+        # The plan's length must be known before the first row: anything but a
+        # list or tuple -- a subclass too -- is read once by its own iterator.
+        reqs = reqs_list(reqs)
     cur_out, nxt_out = as_plan_out(out, len(reqs) if rows is None else len(rows), dtype)
     limit = int(np.iinfo(cur_out.dtype).max)  # both buffers have one dtype
     tokens = pages = 0
