@@ -113,6 +113,7 @@ cdef extern from "reqattr.h":
 cdef extern from "addrorder.h":
     enum:
         KV_ADDRESS_ORDER
+        KV_ORDER_MIN
     bint kv_mostly_near(PyObject **items, Py_ssize_t m)
     int kv_address_order(PyObject **items, Py_ssize_t m, PyObject **out)
 
@@ -407,8 +408,8 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
 # From how many requests a walk goes in address order, and how many walks did
 # and gave up (for the tests: kvest._reqs._address_order).  Module state, but
 # only the GIL build (KV_ADDRESS_ORDER) touches it, and only under the GIL.
-# The walk's other tuning constants are addrorder.h's (KV_ORDER_*).
-cdef Py_ssize_t _order_min = 256
+# The walk's tuning constants are addrorder.h's (KV_ORDER_*), this one's default too.
+cdef Py_ssize_t _order_min = KV_ORDER_MIN
 cdef Py_ssize_t _order_walks = 0, _order_gave_up = 0
 
 

@@ -2,8 +2,9 @@
 # Free-threading: claimed.  Each call keeps its routes on its own stack, and
 # without a GIL reqroute.h makes every access a generic one (owned references
 # through PyObject_GetAttr/PyObject_SetAttr, no hint table, no slot or dict
-# read behind the interpreter's back); the lists are indexed as their
-# iterators do, with a reference of our own taken at once.
+# read behind the interpreter's back), and a list's items are taken with
+# PyList_GetItemRef (kw_item), which checks the index and takes a reference of
+# our own at once.  (The readers, _reqs.pyx, do not claim it.)
 # cython: freethreading_compatible=True
 """Compiled request-object writers: the same names, signatures and exceptions
 as kvest.reference._writes, their pure-Python twin.

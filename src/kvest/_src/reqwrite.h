@@ -384,6 +384,24 @@ static inline int kw_max_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject
     return rc;
 }
 
+/* seq[pos] of an exact list or tuple, pos below the size just read: a new
+ * reference, or NULL (nothing set) when the list has shrunk since.  Without
+ * a GIL another thread may shrink the list between the size and the read:
+ * PyList_GetItemRef checks and takes the reference at once. */
+static inline PyObject *kw_item(PyObject *seq, Py_ssize_t pos)
+{
+    if (PyList_CheckExact(seq)) {
+#ifdef Py_GIL_DISABLED
+        PyObject *x = PyList_GetItemRef(seq, pos);
+        if (x == NULL) PyErr_Clear(); /* an IndexError: the list shrank */
+        return x;
+#else
+        return Py_NewRef(PyList_GET_ITEM(seq, pos));
+#endif
+    }
+    return Py_NewRef(PyTuple_GET_ITEM(seq, pos));
+}
+
 /* The next item of a loop over seq, as a for loop (or zip) takes it: an exact
  * list or tuple is indexed, its size read every time as its iterator does;
  * anything else goes through `it`, its iterator.  1 with a new reference in
@@ -396,7 +414,8 @@ static inline int kw_next(kw_ctx *cx, PyObject *seq, PyObject *it, Py_ssize_t *p
         Py_ssize_t size = is_list ? PyList_GET_SIZE(seq) : PyTuple_GET_SIZE(seq);
         if (*pos >= size) return 0;
         /* A reference of our own: the caller's code may drop the list's. */
-        *item = Py_NewRef(is_list ? PyList_GET_ITEM(seq, *pos) : PyTuple_GET_ITEM(seq, *pos));
+        *item = kw_item(seq, *pos);
+        if (*item == NULL) return 0; /* shrunk meanwhile: the iterator stops */
         (*pos)++;
         return 1;
     }
@@ -444,13 +463,19 @@ static Py_ssize_t kw_check_add(kw_ctx *cx, PyObject *reqs, kw_step *steps,
     int is_list = PyList_CheckExact(reqs);
     Py_ssize_t size = is_list ? PyList_GET_SIZE(reqs) : PyTuple_GET_SIZE(reqs);
     for (Py_ssize_t pos = 0; pos < size; pos++) {
-        PyObject *req = is_list ? PyList_GET_ITEM(reqs, pos) : PyTuple_GET_ITEM(reqs, pos);
+        PyObject *req = kw_item(reqs, pos);
         Py_ssize_t start = 0;
+        if (req == NULL) return pos;
         for (Py_ssize_t k = 0; k < npaths; k++) {
-            if (!kw_check_path(cx, steps + start, ends[k] - start, req)) return pos;
+            if (!kw_check_path(cx, steps + start, ends[k] - start, req)) {
+                Py_DECREF(req);
+                return pos;
+            }
             start = ends[k];
         }
+        Py_DECREF(req);
     }
+    (void)is_list;
     return -1;
 }
 
@@ -494,8 +519,10 @@ static Py_ssize_t kw_check_max(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_
     Py_ssize_t nv = PyList_CheckExact(values) ? PyList_GET_SIZE(values)
                                               : PyTuple_GET_SIZE(values);
     for (Py_ssize_t pos = 0; pos < size && pos < nv; pos++) {
-        PyObject *req = is_list ? PyList_GET_ITEM(reqs, pos) : PyTuple_GET_ITEM(reqs, pos);
-        if (!kw_check_path(cx, steps, n, req)) return pos;
+        PyObject *req = kw_item(reqs, pos);
+        int ok = req != NULL && kw_check_path(cx, steps, n, req);
+        Py_XDECREF(req);
+        if (!ok) return pos;
     }
     return -1;
 }
