@@ -66,6 +66,9 @@ def beam_member_rows_from_reqs(
     pure: bool = False,
 ) -> Any: ...
 
+# Private: whether this build keeps to CPython's public API (KVEST_PUBLIC_API_ONLY=1).
+_PUBLIC_API_ONLY: bool
+
 # Private, for the tests: (walks in address order, walks that gave up, the least
 # batch that tries); `min_requests` sets that least batch.
 def _address_order(min_requests: int | None = None) -> tuple[int, int, int]: ...

@@ -110,6 +110,15 @@ cdef extern from "reqattr.h":
                       int64_t *length, PyObject **value)
 
 
+cdef extern from "typetag.h":
+    enum:
+        KV_PRIVATE
+
+# Whether this build keeps to CPython's public API (the fence, typetag.h): on
+# any Python newer than 3.13, or built with KVEST_PUBLIC_API_ONLY=1 (CI checks it).
+_PUBLIC_API_ONLY = not KV_PRIVATE
+
+
 cdef extern from "addrorder.h":
     enum:
         KV_ADDRESS_ORDER
@@ -182,18 +191,6 @@ cdef int64_t _length_slow(int status, kv_cache *cache, object req, Py_ssize_t po
     if pure and not (type(v) is int and INT64_MIN <= v <= INT64_MAX):  # judged: negative
         raise impure_request(pos)
     return req_length_value(v, pos, attr, exact)
-
-
-cdef inline int64_t _length(kv_cache *cache, object req, Py_ssize_t pos, int which, int at,
-                            kv_req_state *st, bint exact) except -1:
-    """reqs[pos]'s length ``which``, read where ``at`` says and checked by the shared
-    rule (QUICK_MISS: see GAVE_UP)."""
-    cdef int64_t x = 0
-    cdef PyObject *value = NULL
-    cdef int status = kv_req_length(cache, <PyObject *>req, which, at, st, &x, &value)
-    if status == KV_LEN_OK:
-        return x
-    return _length_slow(status, cache, req, pos, which, at, st, value, exact)
 
 
 # ------------------------------------------------------------- one request
@@ -351,14 +348,21 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
     """One request's row: 0, or GAVE_UP (quick mode only: nothing raised, nothing
     but the job changed)."""
     cdef kv_req_state st
-    cdef int64_t c, a, nxt
+    cdef int64_t c = 0, a = 0, nxt
     cdef uint64_t nxt_fast, pages
+    cdef PyObject *value = NULL
+    cdef int status
     if job.kind == BEAM:
         return _beam_row(job, cache, req, pos)
     if job.kind == BEAM_GROUPS:
         return _beam_group_row(job, cache, req, pos)
     kv_req_begin(&st)
-    c = _length(cache, req, pos, KV_COMMITTED, job.at_committed, &st, job.exact)
+    # _length's two steps written out here: the C read inline in the walk.
+    status = kv_req_length(cache, <PyObject *>req, KV_COMMITTED, job.at_committed, &st, &c,
+                           &value)
+    if status != KV_LEN_OK:
+        c = _length_slow(status, cache, req, pos, KV_COMMITTED, job.at_committed, &st, value,
+                         job.exact)
     if c == QUICK_MISS:
         kv_req_forget(&st)
         return GAVE_UP
@@ -366,7 +370,11 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
         kv_req_forget(&st)
         _decode_add(job, c)
         return 0
-    a = _length(cache, req, pos, KV_ALLOCATED, job.at_allocated, &st, job.exact)
+    status = kv_req_length(cache, <PyObject *>req, KV_ALLOCATED, job.at_allocated, &st, &a,
+                           &value)
+    if status != KV_LEN_OK:
+        a = _length_slow(status, cache, req, pos, KV_ALLOCATED, job.at_allocated, &st, value,
+                         job.exact)
     kv_req_forget(&st)
     if a == QUICK_MISS:
         return GAVE_UP

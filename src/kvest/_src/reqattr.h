@@ -41,9 +41,7 @@ enum { KV_COMMITTED = 0, KV_ALLOCATED = 1, KV_NESTED = 2, KV_BEAM = 3, KV_ROWS =
 enum { KV_PURE_OFF = 0, KV_PURE_STRICT = 1, KV_PURE_QUICK = 2 };
 
 typedef struct {
-    int how;           /* KV_READ_*: the route's read */
-    int none_if_unset; /* T_OBJECT: an unset slot reads as None */
-    Py_ssize_t offset;
+    kv_route route; /* its get is a KV_READ_* */
     /* KV_READ_DICT: where the name sat in the last instance dict that had it
      * (a PyDict_Next position), or -1.  Only a guess: a probe there counts
      * only if the key found is the name itself, else the dict is searched. */
@@ -94,13 +92,9 @@ static inline void kv_cache_let(kv_cache *c)
     kv_gc_let(&c->gc);
 }
 
-static void kv_reader_init(kv_reader *r, PyTypeObject *t, PyObject *name)
+static void kv_reader_init(kv_reader *r, PyTypeObject *t, PyObject *name, int pure)
 {
-    kv_route route;
-    kv_route_resolve(&route, t, name);
-    r->how = route.get;
-    r->none_if_unset = route.none_if_unset;
-    r->offset = route.offset;
+    kv_route_resolve(&r->route, t, name, pure);
     r->hint = -1;
 }
 
@@ -114,15 +108,15 @@ static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
         c->next = (c->next + 1) % KV_CACHE_SLOTS;
     }
     for (int k = 0; k < KV_NUM_NAMES; k++)
-        kv_reader_init(&l->read[k], t, c->names[k]);
+        kv_reader_init(&l->read[k], t, c->names[k], c->pure);
     l->type = t;
     /* The lookups assign a version tag if the type can have one; without one
      * the entry is never current and the type is resolved again each time. */
-    l->version = kv_tag_valid(t) ? t->tp_version_tag : 0;
+    l->version = kv_tag_valid(t) ? kv_tag(t) : 0;
     if (!kv_tag_valid(t)) l->type = NULL;
     if (l->type)
         for (int k = 0; k < KV_NUM_NAMES; k++)
-            if (l->read[k].how == KV_READ_DICT)
+            if (l->read[k].route.get == KV_READ_DICT)
                 l->read[k].hint = kv_hint_find(t, l->version, c->names[k]);
     return l;
 }
@@ -142,7 +136,7 @@ static void kv_learn_hint(kv_cache *c, kv_layout *l, int which, PyObject *dict)
     if (pos >= 0) kv_keep_hint(c, l, which, pos);
 }
 
-static inline kv_layout *kv_layout_for(kv_cache *c, PyTypeObject *t)
+KV_HOT kv_layout *kv_layout_for(kv_cache *c, PyTypeObject *t)
 {
     for (int i = 0; i < KV_CACHE_SLOTS; i++)
         if (kv_route_current(c->slots[i].type, c->slots[i].version, t)) return &c->slots[i];
@@ -154,17 +148,14 @@ static inline kv_layout *kv_layout_for(kv_cache *c, PyTypeObject *t)
  * Returns a borrowed reference, or NULL (nothing set) when the answer needs
  * more than that: an unset slot without a default, a dict without the name at
  * the hint, any other kind of lookup.  *dictslot as in kv_read. */
-static inline PyObject *kv_read_fast(kv_cache *c, kv_layout *l, int which, PyObject *obj,
+KV_HOT PyObject *kv_read_fast(kv_cache *c, kv_layout *l, int which, PyObject *obj,
                                      PyObject ***dictslot)
 {
 #if KV_SHORTCUTS
     kv_reader *r = &l->read[which];
-    if (r->how == KV_READ_MEMBER) {
-        PyObject *v = *(PyObject **)((char *)obj + r->offset);
-        return v != NULL ? v : (r->none_if_unset ? Py_None : NULL);
-    }
-    if (r->how == KV_READ_DICT && r->hint >= 0) {
-        if (*dictslot == NULL) *dictslot = kv_dictptr(&c->gc, obj);
+    if (r->route.get == KV_READ_MEMBER) return kv_slot_get(&r->route, obj, c->names[which]);
+    if (r->route.get == KV_READ_DICT && r->hint >= 0) {
+        if (!KV_DICT_CACHED || *dictslot == NULL) *dictslot = kv_dictptr(&c->gc, obj);
         if (*dictslot != NULL && **dictslot != NULL) {
             PyObject *key, *v;
             Py_ssize_t pos = r->hint;
@@ -192,27 +183,24 @@ static inline PyObject *kv_read_fast(kv_cache *c, kv_layout *l, int which, PyObj
  * yet).  *ran is set to 1 when the read may have run Python code (a generic
  * lookup, or a dict search, which compares colliding keys with their own
  * __eq__): whatever was read before may have changed since. */
-static inline int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
-                          PyObject **value, PyObject ***dictslot, int *ran)
+static int kv_read_slow(kv_cache *c, kv_layout *l, int which, PyObject *obj,
+                        PyObject **value, PyObject ***dictslot, int *ran)
 {
     kv_reader *r = &l->read[which];
-    PyObject *v = kv_read_fast(c, l, which, obj, dictslot), *name = c->names[which];
-    if (v != NULL) {
-        Py_INCREF(v);
-        *value = v;
-        return 1;
-    }
+    PyObject *v, *name = c->names[which];
 #if KV_SHORTCUTS
-    if (r->how == KV_READ_MEMBER) return 0; /* an unset slot */
-    if (r->how == KV_READ_DICT) {
-        if (*dictslot == NULL) *dictslot = kv_dictptr(&c->gc, obj);
+    if (r->route.get == KV_READ_MEMBER) return 0; /* an unset slot */
+    if (r->route.get == KV_READ_DICT) {
+        if (!KV_DICT_CACHED || *dictslot == NULL) *dictslot = kv_dictptr(&c->gc, obj);
         if (*dictslot != NULL) {
             PyObject *dict = **dictslot;
             if (dict == NULL) return 0;
             if (c->pure) {
                 Py_ssize_t at;
                 int found;
-                if (c->pure == KV_PURE_QUICK) return KV_IMPURE;
+                /* The quick mode gives up rather than search -- but behind
+                 * the fence nothing else learns where names sit. */
+                if (c->pure == KV_PURE_QUICK && KV_PRIVATE) return KV_IMPURE;
                 found = kv_dict_scan(dict, name, &v, &at);
                 if (found != 1) return found;
                 kv_keep_hint(c, l, which, at);
@@ -249,6 +237,20 @@ static inline int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
     }
     *value = v;
     return 1;
+}
+
+/* kv_read_slow after the fast read (a slot, the dict entry at its hint): the
+ * usual case inline, the rest out of line. */
+KV_HOT int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
+                          PyObject **value, PyObject ***dictslot, int *ran)
+{
+    PyObject *v = kv_read_fast(c, l, which, obj, dictslot);
+    if (v != NULL) {
+        Py_INCREF(v);
+        *value = v;
+        return 1;
+    }
+    return kv_read_slow(c, l, which, obj, value, dictslot, ran);
 }
 
 /* obj.<c->names[which]> as kv_read gives it; *pure says whether reading it ran
@@ -294,7 +296,7 @@ enum { KV_LEN_IMPURE = -2, KV_LEN_ERROR = -1, KV_LEN_MISSING = 0, KV_LEN_OK = 1,
        KV_LEN_VALUE = 2 };
 
 /* Whether v is an exact int in [0, 2^63), with its value in *length. */
-static inline int kv_exact_length(PyObject *v, int64_t *length)
+KV_HOT int kv_exact_length(PyObject *v, int64_t *length)
 {
     if (!PyLong_CheckExact(v)) return 0;
     int overflow = 0;
@@ -312,7 +314,7 @@ static inline int kv_exact_length(PyObject *v, int64_t *length)
  * reads of one request only while no Python code can have run (no generic
  * lookup, no dict search that compares keys), so that reading it again would
  * give the same object. */
-static inline int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
+KV_HOT int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
                                 kv_req_state *st, int64_t *length, PyObject **value)
 {
     PyObject *v = NULL, *nested, *owned = NULL, **kvslot = NULL;

@@ -30,10 +30,14 @@
  * collection.  (A collection's timing is not part of Python's semantics.)
  *
  * Private CPython API used here, on 3.10 to 3.13 (docs/development.md lists
- * them): _PyType_Lookup, _PyObject_GetDictPtr, and the fields of
- * PyMemberDescrObject/PyMemberDef (structmember.h names).  Built with
- * KVEST_PUBLIC_API_ONLY, or on a Python newer than 3.13, every route is
- * generic and none of them is used.
+ * them): _PyType_Lookup, _PyObject_GetDictPtr, a slot read and written at
+ * its member's offset, the type's version tag kept across calls, T_OBJECT
+ * (structmember.h).  Behind the fence (typetag.h: KV_PRIVATE is 0) none is
+ * used: the type's MRO dicts are searched with PyDict_GetItemWithError, the
+ * instance dict is PyObject_GenericGetDict's, a slot is read and written
+ * with PyObject_GetAttr/PyObject_SetAttr (proven to be the member
+ * descriptor's own get and set), routes last one call, and only in pure
+ * mode: everything else takes the generic calls.
  */
 #ifndef KVEST_REQROUTE_H
 #define KVEST_REQROUTE_H
@@ -41,19 +45,36 @@
 #include <Python.h>
 #include <string.h>
 
-#if PY_VERSION_HEX >= 0x030E0000 && !defined(KVEST_PUBLIC_API_ONLY)
-#define KVEST_PUBLIC_API_ONLY 1
-#endif
+#include "typetag.h"
+
 /* Without a GIL a slot or dict read behind the interpreter's back would race:
- * there every access is generic too. */
-#if defined(KVEST_PUBLIC_API_ONLY) || defined(Py_GIL_DISABLED)
+ * there every access is generic. */
+#ifdef Py_GIL_DISABLED
 #define KV_SHORTCUTS 0
 #else
 #define KV_SHORTCUTS 1
-#include <structmember.h>
 #endif
 
-#include "typetag.h"
+#if KV_SHORTCUTS && (KV_PRIVATE || PY_VERSION_HEX < 0x030C0000)
+#include <structmember.h> /* the member types' names before 3.12 */
+#endif
+#if PY_VERSION_HEX >= 0x030C0000
+#define KV_T_OBJECT_EX Py_T_OBJECT_EX
+#define KV_READONLY Py_READONLY
+#define KV_AUDIT_READ Py_AUDIT_READ
+#else
+#define KV_T_OBJECT_EX T_OBJECT_EX
+#define KV_READONLY READONLY
+#define KV_AUDIT_READ PY_AUDIT_READ
+#endif
+
+/* The per-request reads, inlined into the walk whatever the compiler's
+ * budget says (tools/instructions.py counts them). */
+#if defined(__GNUC__) || defined(__clang__)
+#define KV_HOT static inline __attribute__((always_inline))
+#else
+#define KV_HOT static inline
+#endif
 
 enum { KV_ROUTE_GENERIC = 0, KV_ROUTE_DICT = 1, KV_ROUTE_MEMBER = 2 };
 
@@ -66,20 +87,69 @@ typedef struct {
     Py_ssize_t offset;           /* KV_ROUTE_MEMBER */
 } kv_route;
 
-/* The route of name (an exact, interned str, or anything else: generic) on t. */
-static void kv_route_resolve(kv_route *r, PyTypeObject *t, PyObject *name)
+#if KV_SHORTCUTS
+/* What the MRO of t defines under name (borrowed), or NULL; *unknown is set
+ * when that could not be told. */
+static PyObject *kv_type_lookup(PyTypeObject *t, PyObject *name, int *unknown)
+{
+#if KV_PRIVATE
+    (void)unknown;
+    return _PyType_Lookup(t, name); /* sets no error */
+#else
+    PyObject *mro = t->tp_mro;
+    if (mro == NULL || !PyTuple_Check(mro)) {
+        *unknown = 1;
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+        PyObject *base = PyTuple_GET_ITEM(mro, i), *dict, *v;
+        if (!PyType_Check(base)) {
+            *unknown = 1;
+            return NULL;
+        }
+#if PY_VERSION_HEX >= 0x030C0000
+        dict = PyType_GetDict((PyTypeObject *)base);
+#else
+        dict = Py_XNewRef(((PyTypeObject *)base)->tp_dict);
+#endif
+        if (dict == NULL) continue;
+        v = PyDict_GetItemWithError(dict, name); /* borrowed: the type holds its dict */
+        Py_DECREF(dict);
+        if (v != NULL) return v;
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            *unknown = 1;
+            return NULL;
+        }
+    }
+    return NULL;
+#endif
+}
+#endif
+
+/* The route of name (an exact, interned str, or anything else: generic) on t,
+ * for a call in pure mode or not (behind the fence only pure mode takes
+ * routes: nothing tells there whether a type changed while Python code ran). */
+static void kv_route_resolve(kv_route *r, PyTypeObject *t, PyObject *name, int pure)
 {
     r->get = r->set = KV_ROUTE_GENERIC;
     r->none_if_unset = 0;
     r->offset = 0;
 #if KV_SHORTCUTS
+    int unknown = 0;
     /* A str subclass may hash and compare its own way: only the generic
      * lookups know what it means. */
     if (!PyUnicode_CheckExact(name)) return;
+#if !KV_PRIVATE
+    if (!pure) return;
+#else
+    (void)pure;
+#endif
     int get_generic = t->tp_getattro == PyObject_GenericGetAttr;
     int set_generic = t->tp_setattro == PyObject_GenericSetAttr;
     if (!get_generic && !set_generic) return;
-    PyObject *descr = _PyType_Lookup(t, name); /* borrowed; sets no error */
+    PyObject *descr = kv_type_lookup(t, name, &unknown); /* borrowed */
+    if (unknown) return;
     if (descr == NULL) {
         if (get_generic) r->get = KV_ROUTE_DICT;
         if (set_generic) r->set = KV_ROUTE_DICT;
@@ -94,24 +164,31 @@ static void kv_route_resolve(kv_route *r, PyTypeObject *t, PyObject *name)
         /* The subtype check: a descriptor copied from an unrelated class makes
          * the generic code raise TypeError.  The name check: a descriptor
          * copied under another name reads another slot than its name says. */
-        if ((m->type == T_OBJECT_EX || m->type == T_OBJECT) && !unusable
-            && md->d_common.d_name == name && PyType_IsSubtype(t, md->d_common.d_type)) {
+#if KV_PRIVATE
+        int object_type = m->type == KV_T_OBJECT_EX || m->type == T_OBJECT;
+#else
+        int object_type = m->type == KV_T_OBJECT_EX; /* T_OBJECT is deprecated */
+#endif
+        if (object_type && !unusable && md->d_common.d_name == name
+            && PyType_IsSubtype(t, md->d_common.d_type)) {
             r->offset = m->offset;
-            r->none_if_unset = m->type == T_OBJECT;
-            if (get_generic && !(m->flags & PY_AUDIT_READ)) r->get = KV_ROUTE_MEMBER;
-            if (set_generic && !(m->flags & READONLY)) r->set = KV_ROUTE_MEMBER;
+            r->none_if_unset = m->type != KV_T_OBJECT_EX;
+            if (get_generic && !(m->flags & KV_AUDIT_READ)) r->get = KV_ROUTE_MEMBER;
+            if (set_generic && !(m->flags & KV_READONLY)) r->set = KV_ROUTE_MEMBER;
         }
     }
 #else
     (void)t;
     (void)name;
+    (void)pure;
 #endif
 }
 
-/* Whether what was worked out for t under tag `version` still holds. */
-static inline int kv_route_current(PyTypeObject *known, unsigned int version, PyTypeObject *t)
+/* Whether what was worked out for t under tag `version` still holds
+ * (behind the fence: for the rest of the call, typetag.h). */
+KV_HOT int kv_route_current(PyTypeObject *known, unsigned int version, PyTypeObject *t)
 {
-    return known == t && kv_tag_valid(t) && t->tp_version_tag == version;
+    return known == t && kv_tag_valid(t) && kv_tag(t) == version;
 }
 
 /* ------------------------------------------------------------- dict hints */
@@ -188,15 +265,17 @@ static Py_ssize_t kv_dict_position(PyObject *dict, PyObject *name)
 typedef struct {
     int held;  /* collections held off by this call */
     int saved; /* the collector's state before (PyGC_Disable's answer) */
+    PyObject *dict; /* behind the fence: the instance dict last looked up (borrowed) */
 } kv_gc;
 
 static inline void kv_gc_init(kv_gc *g)
 {
     g->held = 0;
     g->saved = 0;
+    g->dict = NULL;
 }
 
-static inline void kv_gc_hold(kv_gc *g)
+KV_HOT void kv_gc_hold(kv_gc *g)
 {
     if (!g->held) {
         g->saved = PyGC_Disable();
@@ -214,11 +293,49 @@ static inline void kv_gc_let(kv_gc *g)
 }
 
 #if KV_SHORTCUTS
-/* Where obj keeps its instance dict (building it on 3.11+), collections held off. */
-static inline PyObject **kv_dictptr(kv_gc *g, PyObject *obj)
+/* Where obj keeps its instance dict (building it on 3.11+), collections held
+ * off; NULL when it has none.  Behind the fence the dict is
+ * PyObject_GenericGetDict's, which obj keeps, and the place handed back is
+ * the call's own: good only until the next lookup (KV_DICT_CACHED is 0, and
+ * the callers look up again before each use). */
+#define KV_DICT_CACHED KV_PRIVATE
+KV_HOT PyObject **kv_dictptr(kv_gc *g, PyObject *obj)
 {
     kv_gc_hold(g);
+#if KV_PRIVATE
     return _PyObject_GetDictPtr(obj);
+#else
+    PyObject *d = PyObject_GenericGetDict(obj, NULL);
+    if (d == NULL) {
+        PyErr_Clear(); /* no instance dict: the generic lookup says what is missing */
+        return NULL;
+    }
+    g->dict = d;
+    Py_DECREF(d); /* obj holds it, and no code runs before its use */
+    return &g->dict;
+#endif
+}
+
+/* obj's slot at r (a member route): a borrowed reference, or NULL (nothing
+ * set) when it is unset.  Behind the fence PyObject_GetAttr reads it, which
+ * the route proves is the member descriptor's own get (no code of the
+ * caller's). */
+KV_HOT PyObject *kv_slot_get(const kv_route *r, PyObject *obj, PyObject *name)
+{
+#if KV_PRIVATE
+    (void)name;
+    PyObject *v = *(PyObject **)((char *)obj + r->offset);
+    return v != NULL ? v : (r->none_if_unset ? Py_None : NULL);
+#else
+    (void)r;
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        PyErr_Clear(); /* AttributeError: the slot is unset */
+        return NULL;
+    }
+    Py_DECREF(v); /* the slot holds it */
+    return v;
+#endif
 }
 #endif
 

@@ -75,24 +75,24 @@ static inline void kw_step_init(kw_step *s, PyObject *name)
     s->hint = -1;
 }
 
-static void kw_resolve(kw_step *s, PyTypeObject *t)
+static void kw_resolve(kw_step *s, PyTypeObject *t, int pure)
 {
     s->type = NULL;
     s->hint = -1;
-    kv_route_resolve(&s->route, t, s->name);
+    kv_route_resolve(&s->route, t, s->name, pure);
     /* The lookup assigns a version tag if the type can have one; without one
      * the route is worked out again before each use. */
     if (kv_tag_valid(t)) {
         s->type = t;
-        s->version = t->tp_version_tag;
+        s->version = kv_tag(t);
         if (s->route.get == KV_ROUTE_DICT || s->route.set == KV_ROUTE_DICT)
             s->hint = kv_hint_find(t, s->version, s->name);
     }
 }
 
-static inline void kw_route(kw_step *s, PyTypeObject *t)
+static inline void kw_route(const kw_ctx *cx, kw_step *s, PyTypeObject *t)
 {
-    if (!kv_route_current(s->type, s->version, t)) kw_resolve(s, t);
+    if (!kv_route_current(s->type, s->version, t)) kw_resolve(s, t, cx->pure);
 }
 
 static inline void kw_keep(kw_step *s, Py_ssize_t pos)
@@ -120,12 +120,11 @@ static inline PyObject *kw_at_hint(const kw_step *s, PyObject *dict)
  * Python code at all, so that reading it again would give the same object. */
 static inline PyObject *kw_get(kw_ctx *cx, kw_step *s, PyObject *obj, int *pure)
 {
-    kw_route(s, Py_TYPE(obj));
+    kw_route(cx, s, Py_TYPE(obj));
 #if KV_SHORTCUTS
     if (s->route.get == KV_ROUTE_MEMBER) {
-        PyObject *v = *(PyObject **)((char *)obj + s->route.offset);
+        PyObject *v = kv_slot_get(&s->route, obj, s->name);
         if (v != NULL) return Py_NewRef(v);
-        if (s->route.none_if_unset) return Py_NewRef(Py_None);
     } else if (s->route.get == KV_ROUTE_DICT) {
         PyObject **dictptr = kv_dictptr(&cx->gc, obj);
         if (dictptr != NULL && *dictptr != NULL) {
@@ -164,9 +163,14 @@ static inline PyObject *kw_get(kw_ctx *cx, kw_step *s, PyObject *obj, int *pure)
  * NULL or an exact int, whose release runs nothing). */
 static inline int kw_set(kw_ctx *cx, kw_step *s, PyObject *obj, PyObject *value, int *pure)
 {
-    kw_route(s, Py_TYPE(obj));
+    kw_route(cx, s, Py_TYPE(obj));
 #if KV_SHORTCUTS
     if (s->route.set == KV_ROUTE_MEMBER) {
+#if !KV_PRIVATE
+        /* The member descriptor's own set: behind the fence, routes are taken
+         * in pure mode only, whose check proved the old value an exact int. */
+        return PyObject_SetAttr(obj, s->name, value);
+#endif
         /* What the member descriptor's __set__ does (PyMember_SetOne). */
         PyObject **slot = (PyObject **)((char *)obj + s->route.offset);
         PyObject *old = *slot;
