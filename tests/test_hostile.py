@@ -882,3 +882,55 @@ def test_absurd_sizes_are_refused_by_name(impl):
         if name is not None:
             assert str(info.value).startswith(f"{name} has "), info.value
     assert impl.decode_new_tokens(np.broadcast_to(np.int64(0), 5), 16) == 80
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("enabled", [True, False])
+def test_collector_state_is_the_callers(impl, enabled):
+    """Collections are held off only while kvest's own C code runs: the
+    caller's code (a property) sees the caller's collector state, and every
+    call -- answered, raising, refused in pure mode -- leaves it as it was."""
+    import gc
+
+    seen = []
+
+    class KV:
+        def __init__(self, c):
+            self.kv_committed_len, self.kv_allocated_len = c, c + 1
+
+    class Req:
+        def __init__(self, c):
+            self.kv, self.beam_group = KV(c), None
+            self.kv_committed_len, self.kv_allocated_len = c, c + 1
+
+    class Watching(Req):
+        @property
+        def kv_allocated_len(self):
+            seen.append(gc.isenabled())
+            return 3
+
+        @kv_allocated_len.setter
+        def kv_allocated_len(self, value):
+            seen.append(gc.isenabled())
+
+    def calls():
+        plain = [Req(i) for i in range(5)]
+        late = [*plain, Watching(1)]
+        yield lambda: impl.spec_v2_new_tokens_from_reqs(plain, 16, 4)
+        yield lambda: impl.spec_v2_new_tokens_from_reqs(late, 16, 4, layout="flat")
+        yield lambda: impl.decode_alloc_plan_from_reqs(late, 16, 4, layout="nested", pure=True)
+        yield lambda: impl.decode_new_tokens_from_reqs([*plain, object()], 16, pure=True)
+        yield lambda: impl.add_to_attrs(late, ("kv.kv_allocated_len", "kv_allocated_len"), 1)
+        yield lambda: impl.add_to_attrs(late, "kv_allocated_len", 1, pure=True)
+        yield lambda: impl.add_to_attrs(plain, "kv.kv_allocated_len", 1, pure=True)
+        yield lambda: impl.max_into_attr(late, "kv_allocated_len", [9] * 6)
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        for call in calls():
+            outcome(call, (), {})
+            assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen and all(s is enabled for s in seen), seen

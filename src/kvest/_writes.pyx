@@ -36,6 +36,7 @@ cdef extern from "reqwrite.h":
     ctypedef struct kw_ctx:
         pass
     void kw_ctx_init(kw_ctx *cx, int pure)
+    void kw_ctx_end(kw_ctx *cx)
     bint kw_interned(PyObject *s)
     void kw_step_init(kw_step *s, PyObject *name)
     Py_ssize_t kw_check_add(kw_ctx *cx, PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
@@ -189,6 +190,7 @@ def add_to_attrs(reqs, paths, delta, *, pure=False):
             raise MemoryError()
     cdef kw_ctx cx
     cdef Py_ssize_t bad
+    kw_ctx_init(&cx, is_pure)
     try:
         for k in range(npaths):
             path = norm[k]
@@ -196,7 +198,6 @@ def add_to_attrs(reqs, paths, delta, *, pure=False):
                 kw_step_init(&steps[at], <PyObject *>path[j])  # norm holds the names
                 at += 1
             ends[k] = at
-        kw_ctx_init(&cx, is_pure)
         if is_pure:
             _pure_delta(delta)
             _pure_paths(norm)
@@ -205,6 +206,7 @@ def add_to_attrs(reqs, paths, delta, *, pure=False):
                 raise impure_request(bad, "written")
         kw_add_all(&cx, <PyObject *>reqs, steps, ends, npaths, <PyObject *>delta, reuse)
     finally:
+        kw_ctx_end(&cx)  # collections as they were, whatever happened
         if steps != small:
             PyMem_Free(steps)
             PyMem_Free(ends)
@@ -246,10 +248,10 @@ def max_into_attr(reqs, path, values, *, strict=True, pure=False):
         steps = <kw_step *>PyMem_Malloc(n * sizeof(kw_step))
         if steps == NULL:
             raise MemoryError()
+    kw_ctx_init(&cx, is_pure)
     try:
         for j in range(n):
             kw_step_init(&steps[j], <PyObject *>names[j])  # names holds them
-        kw_ctx_init(&cx, is_pure)
         if is_pure:
             if is_strict and len(reqs) != len(values):
                 raise impure_argument("values")  # zip's ValueError after the pairs
@@ -259,5 +261,6 @@ def max_into_attr(reqs, path, values, *, strict=True, pure=False):
                 raise impure_request(bad, "written")
         kw_max_all(&cx, <PyObject *>reqs, <PyObject *>values, steps, n, is_strict)
     finally:
+        kw_ctx_end(&cx)  # collections as they were, whatever happened
         if steps != small:
             PyMem_Free(steps)

@@ -61,6 +61,12 @@ static inline void kw_ctx_init(kw_ctx *cx, int pure)
     cx->learn = 4;
 }
 
+/* When the call ends, whatever happened: collections as they were. */
+static inline void kw_ctx_end(kw_ctx *cx)
+{
+    kv_gc_let(&cx->gc);
+}
+
 /* Whether a str is interned (the paths' names are, so that dict probes find
  * keys by identity and writes keep the keys the generic setattr would). */
 static inline int kw_interned(PyObject *s)
