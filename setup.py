@@ -22,7 +22,12 @@ link_args = os.environ.get("KVEST_LDFLAGS", "").split()
 SRC = "src/kvest"
 HEADERS = [f"{SRC}/_src/{name}" for name in
            ("loops.h", "loops_body.h", "loops_variant.h", "loops_avx2.h", "rows.h",
-            "reqattr.h", "reqwrite.h", "addrorder.h", "typetag.h")]
+            "reqattr.h", "reqwrite.h", "reqroute.h", "addrorder.h", "typetag.h")]
+# KVEST_PUBLIC_API_ONLY=1 builds the request kernels on CPython's public API
+# alone, as they are built for any Python newer than the newest one CI tests
+# (src/kvest/_src/typetag.h; docs/development.md lists what that fence keeps out).
+public_only = os.environ.get("KVEST_PUBLIC_API_ONLY", "").strip().lower() in (
+    "1", "true", "yes", "on")
 common = dict(
     include_dirs=[np.get_include(), f"{SRC}/_src"],
     depends=[*HEADERS, f"{SRC}/_common.pxd"],
@@ -31,6 +36,7 @@ common = dict(
         # supports: keep in step with `dependencies` in pyproject.toml.
         ("NPY_NO_DEPRECATED_API", "NPY_1_25_API_VERSION"),
         ("NPY_TARGET_VERSION", "NPY_1_25_API_VERSION"),
+        *([("KVEST_PUBLIC_API_ONLY", "1")] if public_only else []),
     ],
     extra_compile_args=compile_args,
     extra_link_args=link_args,

@@ -309,14 +309,18 @@ def _req_length(req: Any, attr: str, where: str = "either", exact: bool = False)
     return _fits(v)
 
 
-def _reqs(reqs: Any) -> list[Any]:
+def _reqs(reqs: Any) -> Any:
     if not isinstance(reqs, (list, tuple)):
         raise Unmodelled("reqs that are not a list or tuple")
-    return list(reqs)
+    return reqs
 
 
-def _selected(requests: list[Any], indices: Any) -> list[Any]:
-    """The requests ``indices`` selects, as ``[requests[i] for i in indices]``."""
+def _selected(requests: Any, indices: Any) -> list[Any]:
+    """The requests ``indices`` selects, as ``[requests[i] for i in indices]``
+    reads them (len() and [], a subclass's own), or every request as ``for req
+    in requests`` reads them (its own iterator)."""
+    if indices is None:
+        return list(requests)
     return [requests[i] for i in _rows(indices, len(requests))]
 
 

@@ -10,6 +10,7 @@ answer or exception; the rest run in-process under both.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import itertools
 import mmap
@@ -711,3 +712,225 @@ def test_layout_str_subclass_read_by_its_characters(layout):
                        ("decode_new_tokens_from_reqs", (16,))):
         assert (check_same(name, reqs, *args, layout=LoudStr(layout))
                 == check_same(name, reqs, *args, layout=layout))
+
+
+# ------------------------------------------- collections in the middle of a call
+
+GC_CALLS = {
+    "spec_v2": "kvest.spec_v2_new_tokens_from_reqs(reqs, 16, 20, layout=LAYOUT)",
+    "decode": "kvest.decode_new_tokens_from_reqs(reqs, 16, layout=LAYOUT)",
+    "plan": "kvest.decode_alloc_plan_from_reqs(reqs, 16, 20, layout=LAYOUT)",
+    "plan_int32": "kvest.decode_alloc_plan_from_reqs(reqs, 16, 20, layout=LAYOUT, "
+                  "dtype=np.int32)",
+    "beam_groups": "kvest.beam_groups_from_reqs(reqs)",
+    "add": "kvest.add_to_attrs(reqs, ('kv.kv_allocated_len', 'kv.kv_committed_len'), 1)",
+    "add_flat": "kvest.add_to_attrs(reqs, ('beam_group', 'beam_group'), 3)",
+    "max": "kvest.max_into_attr(reqs, 'kv.kv_allocated_len', list(range(len(reqs))))",
+}
+
+
+@pytest.mark.parametrize("pure", PURE, ids=PURE_IDS)
+@pytest.mark.parametrize("layout", [None, "nested"])
+@pytest.mark.parametrize("call", GC_CALLS)
+def test_finalizers_that_build_instance_dicts_mid_call(call, layout, pure):
+    """Issue 26: on 3.11 the first read or write of a fresh object's attribute
+    makes its instance dict real; the allocation may collect garbage, and the
+    finalizer here makes the same requests' dicts real and adds to them.  The
+    compiled kernels hold collections off while their C code holds borrowed
+    pointers: no crash, no garbage read or written, the answer and the
+    requests' state those of a call without the finalizer."""
+    lines = isolated(f"""
+    import gc
+    LAYOUT = {layout!r}
+    class KV:
+        def __init__(self, c):
+            self.kv_committed_len, self.kv_allocated_len = c, c + 3
+    class Req:
+        def __init__(self, c):
+            self.kv, self.beam_group = KV(c), (7 if c % 3 else None)
+    budget = [0]
+    class Bomb:
+        def __init__(self, victims):
+            self.me, self.victims = self, victims  # only the collector frees it
+        def __del__(self):
+            for r in self.victims:
+                vars(r)["spare"] = vars(r.kv)["spare"] = 1
+            if budget[0] > 0:  # another one for the next collection
+                budget[0] -= 1
+                Bomb(self.victims)
+    def state(reqs):
+        return [(r.kv.kv_committed_len, r.kv.kv_allocated_len, r.beam_group) for r in reqs]
+    for rounds in range(30):
+        reqs = [Req(i) for i in range(40)]
+        want = show(lambda: {GC_CALLS[call]}), state(reqs)
+        reqs = [Req(i) for i in range(40)]  # fresh: no instance dict made yet
+        budget[0] = 10_000
+        Bomb(reqs)
+        # Dicts held, so that none waits on the interpreter's free list: the
+        # next dict made (an instance dict built) is an allocation that collects.
+        held = [dict() for _ in range(200)]
+        gc.set_threshold(1)
+        try:
+            got = show(lambda: {GC_CALLS[call]}), state(reqs)
+        finally:
+            budget[0] = 0
+            gc.set_threshold(700)
+        del held
+        gc.collect()
+        assert got == want, (got, want)
+    print("same")
+    """, pure=pure)
+    assert lines == ["same"]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("how", ["new", "int32", "out64", "out32"])
+def test_list_shrinking_during_a_plan(impl, how):
+    """Issue 26: a request's property shrinks the list mid-plan.  The rows it
+    never reaches would be np.empty's garbage (or an out= buffer's old
+    values): the plan raises instead, as one that grows does."""
+    class Shrinking:
+        kv_allocated_len = 1
+
+        @property
+        def kv_committed_len(self):
+            del reqs[1:]
+            return 1
+
+    plain = SimpleNamespace(kv_committed_len=1, kv_allocated_len=1)
+    kwargs = {"new": {}, "int32": {"dtype": np.int32},
+              "out64": {"out": (np.full(3, -7), np.full(3, -7))},
+              "out32": {"out": (np.full(3, -7, np.int32), np.full(3, -7, np.int32))}}[how]
+    for first in range(2):
+        reqs = [plain, Shrinking(), plain] if first else [Shrinking(), plain, plain]
+        with pytest.raises(IndexError, match=r"^reqs shrank while the plan sized for its 3 "
+                                             rf"rows was filled: {1 + first} rows were read$"):
+            impl.decode_alloc_plan_from_reqs(reqs, 16, 4, **kwargs)
+
+
+# ----------------------------------------------- lying containers, absurd sizes
+
+class _LyingIter(list):
+    """A list whose __iter__ yields only its first item."""
+
+    def __iter__(self):
+        return iter(list.__getitem__(self, slice(0, 1)))
+
+
+class _LyingLen(list):
+    """A list whose __len__ says 1, whatever it holds."""
+
+    def __len__(self):
+        return 1
+
+
+class _LyingTuple(tuple):
+    __slots__ = ()
+
+    def __iter__(self):
+        return iter(())
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        return tuple.__getitem__(self, 0)
+
+
+@pytest.mark.parametrize("kind", [_LyingIter, _LyingLen, _LyingTuple])
+@pytest.mark.parametrize("fn", READERS, ids=list(READERS))
+@pytest.mark.parametrize("indices", [None, [0, -1]])
+def test_list_subclasses_are_read_through_their_own_methods(kind, fn, indices):
+    """The rule (docs/contract.md): an exact list or tuple is read through its
+    storage, as its iterator would read it; a subclass is a sequence like any
+    other, read through its own methods -- iter() once without indices, len()
+    and [] with them -- as the loop it stands for reads it.  Both
+    implementations, to the message; never a row left unread."""
+    name, args = READERS[fn]
+
+    @dataclasses.dataclass(slots=True)
+    class Req:
+        kv_committed_len: int
+        kv_allocated_len: int
+        beam_group: object = None
+
+    reqs = kind([Req(5, 8), Req(16, 16), Req(1, 0)])
+    got = check_same(name, reqs, *args, indices)
+    if fn == "plan" and indices is None and kind is not _LyingLen:
+        want = len(list(iter(reqs)))
+        assert got[0] == "raise" or len(got[1][0]) == want, got
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_absurd_sizes_are_refused_by_name(impl):
+    """A range of 2^62 lengths, 2^40 broadcast indices: a ValueError naming the
+    argument, before anything is allocated (no MemoryError, no NumPy message)."""
+    huge = range(2**62)
+    bcast = np.broadcast_to(np.int64(0), 2**40)
+    cases = [
+        (lambda: impl.spec_v2_new_tokens(huge, huge, 16, 4), "committed"),
+        (lambda: impl.decode_alloc_plan(huge, huge, 16, 4), "committed"),
+        (lambda: impl.num_new_pages(huge, 16, decode=True), "seq_lens"),
+        (lambda: impl.decode_new_tokens([1, 2, 3], 16, bcast), "indices"),
+        (lambda: impl.spec_v2_new_tokens([1], [1], 16, 4, bcast), "indices"),
+        (lambda: impl.decode_new_tokens_from_reqs([], 16, bcast), "indices"),
+        (lambda: impl.decode_new_tokens(bcast, 16), None),
+    ]
+    for call, name in cases:
+        with pytest.raises(ValueError, match=r"rows; kvest copies at most 2\*\*32 rows") as info:
+            call()
+        if name is not None:
+            assert str(info.value).startswith(f"{name} has "), info.value
+    assert impl.decode_new_tokens(np.broadcast_to(np.int64(0), 5), 16) == 80
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("enabled", [True, False])
+def test_collector_state_is_the_callers(impl, enabled):
+    """Collections are held off only while kvest's own C code runs: the
+    caller's code (a property) sees the caller's collector state, and every
+    call -- answered, raising, refused in pure mode -- leaves it as it was."""
+    import gc
+
+    seen = []
+
+    class KV:
+        def __init__(self, c):
+            self.kv_committed_len, self.kv_allocated_len = c, c + 1
+
+    class Req:
+        def __init__(self, c):
+            self.kv, self.beam_group = KV(c), None
+            self.kv_committed_len, self.kv_allocated_len = c, c + 1
+
+    class Watching(Req):
+        @property
+        def kv_allocated_len(self):
+            seen.append(gc.isenabled())
+            return 3
+
+        @kv_allocated_len.setter
+        def kv_allocated_len(self, value):
+            seen.append(gc.isenabled())
+
+    def calls():
+        plain = [Req(i) for i in range(5)]
+        late = [*plain, Watching(1)]
+        yield lambda: impl.spec_v2_new_tokens_from_reqs(plain, 16, 4)
+        yield lambda: impl.spec_v2_new_tokens_from_reqs(late, 16, 4, layout="flat")
+        yield lambda: impl.decode_alloc_plan_from_reqs(late, 16, 4, layout="nested", pure=True)
+        yield lambda: impl.decode_new_tokens_from_reqs([*plain, object()], 16, pure=True)
+        yield lambda: impl.add_to_attrs(late, ("kv.kv_allocated_len", "kv_allocated_len"), 1)
+        yield lambda: impl.add_to_attrs(late, "kv_allocated_len", 1, pure=True)
+        yield lambda: impl.add_to_attrs(plain, "kv.kv_allocated_len", 1, pure=True)
+        yield lambda: impl.max_into_attr(late, "kv_allocated_len", [9] * 6)
+
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        for call in calls():
+            outcome(call, (), {})
+            assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen and all(s is enabled for s in seen), seen

@@ -85,8 +85,9 @@ def test_public_names():
 
 def test_all_is_a_literal_type_checkers_can_read():
     """``kvest.__all__`` is written out (mypy and pyright do not run code) and
-    names exactly the functions of kvest._names plus the three other names."""
-    from kvest._names import FUNCTIONS
+    names exactly the functions and exceptions of kvest._names plus the three
+    other names."""
+    from kvest._names import EXCEPTIONS, FUNCTIONS
 
     tree = ast.parse(resources.files("kvest").joinpath("__init__.py").read_text())
     (assign,) = [node for node in tree.body if isinstance(node, ast.Assign)
@@ -94,7 +95,8 @@ def test_all_is_a_literal_type_checkers_can_read():
     assert isinstance(assign.value, ast.List)
     literal = [ast.literal_eval(element) for element in assign.value.elts]
     assert literal == kvest.__all__
-    assert sorted(literal) == sorted(["IMPLEMENTATION", "AllocPlan", "show_config", *FUNCTIONS])
+    assert sorted(literal) == sorted(["IMPLEMENTATION", "AllocPlan", "show_config", *FUNCTIONS,
+                                   *EXCEPTIONS])
     assert len(set(literal)) == len(literal)
     for name in literal:
         assert hasattr(kvest, name), name

@@ -1042,3 +1042,131 @@ def test_reordered_walks_keep_reference_counts():
     gc.collect()
     assert _walks()[0] == walks[0] + 60
     assert _refcounts(watched) == before
+
+
+# ---------------------------------------------------------------- pure mode
+# pure=True: no code of the caller's may run.  A profile hook sees every
+# Python function called during the call; only kvest's own and NumPy's may
+# appear.  Each function either answers as without pure (so the answer is the
+# oracle's, checked above) or raises kvest.ImpureRequest, and both
+# implementations decide alike, to the message.
+
+def _callers_code(fn, args, kwargs):
+    """(outcome, the caller's Python functions that ran during the call)."""
+    ran: list[str] = []
+
+    def hook(frame, event_, arg):
+        # The caller's code: the requests' classes, defined in the tests (and
+        # kvest's own stand-ins); not a library's (an import, a GC callback).
+        if event_ == "call":
+            path = frame.f_code.co_filename.replace("\\", "/")
+            if path.startswith(_TESTS) or "/kvest/_bench/" in path:
+                ran.append(f"{frame.f_code.co_name} ({path})")
+
+    import sys
+
+    error = value = None
+    sys.setprofile(hook)
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as exc:
+        error = exc
+    finally:
+        sys.setprofile(None)
+    if error is not None:
+        return ("raise", type(error), str(error)), ran
+    if isinstance(value, kvest.AllocPlan):
+        value = (value.cur.tolist(), value.nxt.tolist(), value.num_tokens, value.num_pages)
+    return ("ok", value), ran
+
+
+_TESTS = __file__.replace("\\", "/").rsplit("/", 1)[0] + "/"
+
+PURE_CALLS = {
+    "spec_v2": lambda impl, reqs, p, r, idx, layout: (
+        impl.spec_v2_new_tokens_from_reqs, (reqs, p, r, idx), {"layout": layout}),
+    "decode": lambda impl, reqs, p, r, idx, layout: (
+        impl.decode_new_tokens_from_reqs, (reqs, p, idx), {"layout": layout}),
+    "plan": lambda impl, reqs, p, r, idx, layout: (
+        impl.decode_alloc_plan_from_reqs, (reqs, p, r, idx),
+        {"layout": layout, "dtype": np.int32 if r % 2 else None}),
+}
+
+
+@pytest.mark.parametrize("fn", list(PURE_CALLS))
+@given(st.data(), requests(), page_sizes, reserves, layouts)
+def test_pure_reads_answer_or_refuse_without_the_callers_code(fn, data, reqs, p, r, layout):
+    indices = data.draw(selections(reqs))
+    outcomes = []
+    for impl in IMPLS:
+        call, args, kwargs = PURE_CALLS[fn](impl, reqs, p, r, indices, layout)
+        got, ran = _callers_code(call, args, {**kwargs, "pure": True})
+        assert ran == [], f"{impl.__name__} ran the caller's code: {ran}"
+        if got[0] == "ok" or got[1] is not kvest.ImpureRequest:
+            assert got == outcome(call, args, kwargs), impl.__name__
+        outcomes.append(got)
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_pure_reads_refuse_what_needs_the_callers_code(impl):
+    """Properties, __getattr__, a value read by __index__ or not an exact int64
+    int, a dict key of its own kind, a container or argument that is not the
+    interpreter's own: ImpureRequest naming it; plain requests are read."""
+    plain = [FlatReq(5, 8), NestedReq(16, 16)]
+    assert impl.spec_v2_new_tokens_from_reqs(plain, 16, 4, pure=True) == \
+        impl.spec_v2_new_tokens_from_reqs(plain, 16, 4)
+    odd = FlatReq(1, 1)
+    del odd.kv_committed_len
+    odd.__dict__[Index(0)] = 0  # could stand for the name: only its own __eq__ knows
+    for late in [WithProperties(1, 2), GetattrHook(1, 2), FlatReq(Index(3), 4),
+                 FlatReq(2**63, 0), odd]:
+        with pytest.raises(kvest.ImpureRequest, match=r"^reqs\[1\] cannot be read"):
+            impl.decode_new_tokens_from_reqs([FlatReq(1, 1), late], 16, pure=True)
+    # req.kv is None: None has no such attribute, and nothing of the caller's runs to say so.
+    with pytest.raises(AttributeError, match=r"reqs\[0\] has neither"):
+        impl.decode_new_tokens_from_reqs([_kv_none(1, 1)], 16, pure=True)
+    for kwargs, name in [({"reqs": iter(plain)}, "reqs"), ({"page_size": Index(16)}, "page_size"),
+                         ({"indices": [Index(0)]}, r"indices\[0\]"),
+                         ({"indices": range(2)}, "indices"), ({"layout": _Str("flat")}, "layout")]:
+        args = {"reqs": plain, "page_size": 16, "indices": None, "layout": None, **kwargs}
+        with pytest.raises(kvest.ImpureRequest, match=f"^{name} cannot be read"):
+            impl.decode_new_tokens_from_reqs(args["reqs"], args["page_size"], args["indices"],
+                                             layout=args["layout"], pure=True)
+
+
+class _Str(str):
+    def __eq__(self, other):
+        raise AssertionError("the caller's code ran")
+
+    __hash__ = str.__hash__
+
+
+@dataclasses.dataclass(slots=True)
+class _Group:
+    num_member_rows: int
+
+
+class _PropGroup:
+    @property
+    def num_member_rows(self):
+        raise AssertionError("the caller's code ran")
+
+
+class _Beamed:
+    def __init__(self, group):
+        self.beam_group = group
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_pure_beam_readers(impl):
+    reqs = [_Beamed(None), _Beamed(_Group(3)), _Beamed(_Group(4))]
+    assert impl.beam_member_rows_from_reqs(reqs, pure=True) == 7
+    assert impl.beam_groups_from_reqs(reqs, [0, 2, -1], pure=True) == 2
+    odd = [_Beamed(None), _Beamed(_PropGroup())]
+    assert impl.beam_groups_from_reqs(odd, pure=True) == 1
+    for late in [_PropGroup(), _Group(1.5), _Group(2**63)]:
+        with pytest.raises(kvest.ImpureRequest, match=r"^reqs\[1\] cannot be read"):
+            impl.beam_member_rows_from_reqs([_Beamed(None), _Beamed(late)], pure=True)
+    with pytest.raises(AttributeError, match=r"reqs\[0\] has no \.beam_group$"):
+        impl.beam_groups_from_reqs([object()], pure=True)

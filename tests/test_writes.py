@@ -523,10 +523,134 @@ def test_max_keeps_python_identity(impl, start, values):
         assert reqs[i].x is before[i]
 
 
-# ------------------------------------------------- ints changed in place
-# The compiled writer may add to an int object itself when nothing but its
-# holder (a slot, or an instance-dict entry) refers to it, as a `+=` leaves
-# it; CPython's `+=` would free it and make a new one.  Nothing may tell.
+# ------------------------------------------------------------- pure mode
+# pure=True: no code of the caller's runs, and nothing is written and then
+# refused.  Either the call is the loop exactly (and the world's log, which
+# every property, __setattr__, __getattribute__, descriptor and __add__ of the
+# caller's writes to, stays empty), or it raises kvest.ImpureRequest with
+# every request as it was; the compiled writer and the twin decide alike.
+
+def _pure_outcome(impl, world_call):
+    world, got = world_call(impl)
+    return got, world.state()
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@given(spec=specs(), paths=st.lists(st.sampled_from(PATHS), max_size=3),
+       delta=value_specs, form=st.sampled_from(["dotted", "tuple", "list"]))
+def test_add_to_attrs_pure_is_the_loop_or_touches_nothing(impl, spec, paths, delta, form):
+    before, want_world, got_world = World(spec), World(spec), World(spec)
+    args = [kernel_path(p, form) for p in paths]
+    got = run(impl.add_to_attrs, got_world.reqs(), args, make_value(delta, got_world),
+              pure=True)
+    if got[0] == "raise" and got[1] is kvest.ImpureRequest:
+        assert got_world.state() == before.state()
+        return
+    want = run(add_loop(paths), want_world.reqs(), make_value(delta, want_world))
+    assert got == want
+    assert got_world.state() == want_world.state()
+    assert got_world.log == []
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@given(spec=specs(), path=st.sampled_from(PATHS), values=st.lists(value_specs, max_size=8),
+       strict=st.booleans(), values_as=st.sampled_from(["list", "tuple", "iter"]))
+def test_max_into_attr_pure_is_the_loop_or_touches_nothing(impl, spec, path, values, strict,
+                                                           values_as):
+    def vals(world):
+        made = [make_value(v, world) for v in values]
+        return {"list": made, "tuple": tuple(made), "iter": iter(made)}[values_as]
+
+    before, want_world, got_world = World(spec), World(spec), World(spec)
+    got = run(impl.max_into_attr, got_world.reqs(), path, vals(got_world), strict=strict,
+              pure=True)
+    if got[0] == "raise" and got[1] is kvest.ImpureRequest:
+        assert got_world.state() == before.state()
+        return
+    want = run(max_loop(path), want_world.reqs(), vals(want_world), strict)
+    assert got == want
+    assert got_world.state() == want_world.state()
+    assert got_world.log == []
+
+
+@pytest.mark.skipif(kvest.IMPLEMENTATION != "cython", reason="compares the compiled writers")
+@given(spec=specs(), paths=st.lists(st.sampled_from(PATHS), max_size=3), delta=value_specs,
+       path=st.sampled_from(PATHS), values=st.lists(value_specs, max_size=8),
+       strict=st.booleans())
+def test_pure_writers_decide_as_the_twin(spec, paths, delta, path, values, strict):
+    """The same requests refused (the same message) or written, in both implementations."""
+    outcomes = []
+    for impl in IMPLS:
+        world = World(spec)
+        added = run(impl.add_to_attrs, world.reqs(), paths, make_value(delta, world),
+                    pure=True)
+        world = World(spec)
+        maxed = run(impl.max_into_attr, world.reqs(), path,
+                    [make_value(v, world) for v in values], strict=strict, pure=True)
+        outcomes.append((added, maxed))
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+def test_pure_writer_refuses_before_writing(impl):
+    """A request late in the batch that needs the caller's code (a property, a
+    missing attribute, a value that is not an exact int64 int, a dict key of
+    its own kind): nothing written, ImpureRequest naming it."""
+    @dataclasses.dataclass(slots=True)
+    class KV:
+        x: Any
+
+    class R:
+        def __init__(self, x):
+            self.kv, self.y = KV(x), x
+
+    class P(R):
+        armed = False
+
+        @property
+        def y(self):
+            assert not P.armed, "the caller's code ran"
+            return self._y
+
+        @y.setter
+        def y(self, v):
+            assert not P.armed, "the caller's code ran"
+            self._y = v
+
+    odd = R(1)
+    odd.__dict__[object()] = 0
+    prop = P(1)
+    P.armed = True
+    for late, path in [(prop, "y"), (R(1.5), "kv.x"), (R(2**63), "y"), (odd, "y"),
+                       (R(None), "kv.x")]:
+        reqs = [R(1), R(2), late]
+        with pytest.raises(kvest.ImpureRequest, match=r"reqs\[2\] cannot be written"):
+            impl.add_to_attrs(reqs, (path,), 5, pure=True)
+        assert [r.kv.x for r in reqs[:2]] == [1, 2] and [r.y for r in reqs[:2]] == [1, 2]
+        with pytest.raises(kvest.ImpureRequest, match=r"reqs\[2\] cannot be written"):
+            impl.max_into_attr(reqs, path, [9, 9, 9], pure=True)
+        assert [r.kv.x for r in reqs[:2]] == [1, 2] and [r.y for r in reqs[:2]] == [1, 2]
+    reqs = [R(1), R(2)]
+    impl.add_to_attrs(reqs, ("kv.x", "y", "y"), 5, pure=True)
+    assert [(r.kv.x, r.y) for r in reqs] == [(6, 11), (7, 12)]
+    impl.max_into_attr(reqs, "kv.x", (7, 0), pure=True)
+    assert [r.kv.x for r in reqs] == [7, 7]
+    for bad in [{"delta": 1.0}, {"delta": 2**63}, {"reqs": iter(reqs)}, {"paths": ("kv", "kv.x")}]:
+        args = {"reqs": reqs, "paths": "y", "delta": 1, **bad}
+        with pytest.raises(kvest.ImpureRequest, match=f"^{next(iter(bad))} cannot be read"):
+            impl.add_to_attrs(args["reqs"], args["paths"], args["delta"], pure=True)
+    with pytest.raises(kvest.ImpureRequest, match=r"^values cannot be read"):
+        impl.max_into_attr(reqs, "y", [1], pure=True)  # strict: zip would raise after one
+    with pytest.raises(kvest.ImpureRequest, match=r"^values\[1\] cannot be read"):
+        impl.max_into_attr(reqs, "y", [1, 1.0], pure=True)
+    assert [(r.kv.x, r.y) for r in reqs] == [(7, 11), (7, 12)]
+
+
+# ------------------------------------------------- no int changed in place
+# `r.x += d` makes a new int while the old one is still held (so never at the
+# old one's address), or takes a shared small one: the writers do exactly
+# that, never changing an int object (ints are immutable to every Python
+# reader, and CPython 3.15 widens the shared small ints).
 
 @dataclasses.dataclass(slots=True)
 class _KV:
@@ -562,7 +686,7 @@ EDGE_DIGIT = [0, 1, 255, 256, 257, 258, 2**30 - 2, 2**30 - 1, 2**30, 2**31, -257
        held=st.lists(st.booleans(), max_size=6),
        delta=st.sampled_from([1, -1, 2, -2, 256, -300, 2**30, -(2**30), 0])
        | st.integers(-(2**32), 2**32))
-def test_add_in_place_only_where_nothing_can_tell(impl, start, held, delta):
+def test_add_values_across_the_digit_edges(impl, start, held, delta):
     """Python's values on both routes (a slot, an instance dict) and across
     the small-int and one-digit edges; every int something else refers to
     keeps its value."""
@@ -574,35 +698,36 @@ def test_add_in_place_only_where_nothing_can_tell(impl, start, held, delta):
     assert names == before
 
 
-@pytest.mark.skipif(kvest.IMPLEMENTATION != "cython", reason="the compiled writer's shortcut")
-@pytest.mark.parametrize("route", ["kv.x", "y"])
-def test_add_in_place_is_taken(route):
-    """The shortcut is really taken where it may be (the object keeps its
-    address: a new int is made while the old one still lives, so it cannot
-    reuse it), and not for a shared int, nor past one digit or below 257.
-    An instance-dict entry is changed in place only at a position learned
-    before, and only before Python 3.12 (whose dicts C code may watch)."""
-    owner = "kv" if route == "kv.x" else None
-    taken = owner is not None or sys.version_info < (3, 12)
+def _identities(reqs: list[_Holder], before: list[tuple[int, int]]) -> list[tuple]:
+    """Per request and route: whether the value is a new object, and whether it
+    is the interpreter's shared int of its value (``is`` against a fresh
+    computation of the same value)."""
+    out = []
+    for r, (kx, y) in zip(reqs, before, strict=True):
+        for now, then in ((r.kv.x, kx), (r.y, y)):
+            out.append((id(now) != then, now is (int(str(now)) + 0)))
+    return out
 
-    def place(r: _Holder) -> int:
-        return id(r.kv.x if owner else r.y)
 
-    kvest.add_to_attrs([_Holder(_KV(0), 0)], route, 0)  # where y sits: learned
-    reqs, _ = _holders([1000, 2**30 - 1, 257, 300], [])
-    ids = [place(r) for r in reqs]
-    kvest.add_to_attrs(reqs, route, 1)
-    assert [place(r) == i for r, i in zip(reqs, ids, strict=True)] == [
-        taken, False, taken, taken]
-    # Against the addresses now: a freed int's memory may be reused.
-    ids = [place(r) for r in reqs]
-    kvest.add_to_attrs(reqs, route, -44)
-    assert [place(r) == i for r, i in zip(reqs, ids, strict=True)] == [
-        taken, False, False, taken]
-    shared = _fresh(5000)
-    reqs = [_Holder(_KV(shared), shared)]
-    kvest.add_to_attrs(reqs, route, 1)
-    assert shared == 5000 and (reqs[0].kv.x, reqs[0].y) == ((5001, 5000) if owner else (5000, 5001))
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("delta", [1, -1, 7, -44, -300, 1000, -(2**29), 2**29])
+def test_add_makes_a_new_int_as_python_does(impl, delta):
+    """Over slots and instance dicts and values from 257 to 2^30: ``id(r.x)``
+    after the writer's ``+=`` differs exactly where it differs after CPython's
+    own ``r.x += d`` (always: the sum is made while the old int is held), and
+    a result in the shared small ints is the shared one, as CPython's is."""
+    starts = [257, 258, 300, 1000, 6000, 2**15, 2**29 + 1, 2**30 - 2, 2**30 - 1]
+    loop = add_loop(["kv.x", "y"])
+    for _ in range(3):  # again on the values just written (one reference each)
+        theirs, _ = _holders(starts, [])
+        ours, _ = _holders(starts, [])
+        for rounds in range(3):
+            before_theirs = [(id(r.kv.x), id(r.y)) for r in theirs]
+            before_ours = [(id(r.kv.x), id(r.y)) for r in ours]
+            loop(theirs, delta)
+            impl.add_to_attrs(ours, ("kv.x", "y"), delta)
+            assert [(r.kv.x, r.y) for r in ours] == [(r.kv.x, r.y) for r in theirs]
+            assert _identities(ours, before_ours) == _identities(theirs, before_theirs), rounds
 
 
 # ------------------------------------------------- routes that change under us

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvest._env import flag
+from kvest._errors import ImpureRequest
 from kvest._types import AllocPlan
 
 __version__ = "0.1.0"
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [  # noqa: RUF022 -- grouped as the docs present them
     "IMPLEMENTATION",
     "AllocPlan",
+    "ImpureRequest",
     "show_config",
     # array estimators (kvest._kernels)
     "alloc_len_per_decode",

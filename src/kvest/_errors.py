@@ -16,6 +16,25 @@ from typing import Any
 INT64_MAX = 2**63 - 1
 
 
+class ImpureRequest(Exception):
+    """A request-object function called with ``pure=True`` met an argument or a
+    request it cannot read (or write) without running Python code of the
+    caller's: a property, ``__getattr__``, ``__index__``, an iterator, a dict
+    key's own ``__eq__``, a value that is not an exact ``int`` in int64.  It is
+    raised before anything was written; the message names the argument or the
+    request (``reqs[3]``).  The caller then runs its own Python statement."""
+
+
+def impure_request(pos: int, what: str = "read") -> ImpureRequest:
+    """reqs[pos] cannot be read (or written) without running the caller's code."""
+    return ImpureRequest(f"reqs[{pos}] cannot be {what} without running Python code")
+
+
+def impure_argument(name: str) -> ImpureRequest:
+    """An argument that cannot be read without running the caller's code."""
+    return ImpureRequest(f"{name} cannot be read without running Python code")
+
+
 def _ceil_align(x: int, p: int) -> int:
     return -(-x // p) * p
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from kvest._errors import int64_overflow
+from kvest._errors import impure_argument, int64_overflow
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -143,6 +143,21 @@ def _missing_position(arr: np.ndarray) -> int | None:
     return None
 
 
+# The most rows kvest copies out of an argument it cannot read in place (a
+# range, a strided or broadcast view, another dtype or byte order, indices):
+# 2^32 rows, 32 GiB of int64.  A larger one is a ValueError naming it, before
+# anything is allocated -- never a MemoryError, never NumPy's own complaint.
+MAX_COPIED_ROWS = 2**32
+
+
+def _copyable(n: int, name: str) -> None:
+    if n > MAX_COPIED_ROWS:
+        raise ValueError(
+            f"{name} has {n} rows; kvest copies at most 2**32 rows of an argument it "
+            "cannot read in place (a range, a strided or broadcast view, another dtype, "
+            "indices)")
+
+
 def _from_array(arr: np.ndarray, name: str) -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got {arr.ndim}-D with shape {arr.shape}")
@@ -158,7 +173,9 @@ def _from_array(arr: np.ndarray, name: str) -> np.ndarray:
     if arr.dtype in _NATIVE_INT:
         if arr.flags.c_contiguous and arr.flags.aligned:
             return arr.view(np.ndarray) if type(arr) is not np.ndarray else arr
+        _copyable(arr.size, name)
         return np.array(arr, dtype=arr.dtype, order="C")
+    _copyable(arr.size, name)
     if kind == "u" and arr.dtype.itemsize == 8:
         # Converted first, then checked: the values judged are the values kept,
         # even if another thread writes the caller's array meanwhile.
@@ -205,6 +222,7 @@ def _from_range(r: range, name: str) -> np.ndarray:
     length = _range_int64(r, name)
     if length == 0:
         return np.zeros(0, dtype=np.int64)
+    _copyable(length, name)
     # Modular (unsigned) arithmetic is exact when every value fits the signed
     # type of the same width, which is checked here and above;
     # np.arange(start, stop, step) is not: it sizes its result in floating
@@ -417,7 +435,9 @@ def as_indices(indices: Any, n: int) -> np.ndarray:
     if isinstance(indices, range):
         _range_int64(indices, "indices")
         _range_out_of_bounds(indices, n)
-    idx = as_lengths(indices, "indices").astype(np.int64, copy=True)
+    idx = as_lengths(indices, "indices")
+    _copyable(idx.size, "indices")
+    idx = idx.astype(np.int64, copy=True)
     bad = np.flatnonzero((idx < -n) | (idx >= n))
     if bad.size:
         pos = int(bad[0])
@@ -664,6 +684,13 @@ def plan_grew_error(m: int) -> IndexError:
     return IndexError(f"reqs grew past the {m} rows the plan was sized for while it was read")
 
 
+def plan_shrank_error(m: int, n: int) -> IndexError:
+    """A list of requests that shrank while a plan sized for its ``m`` rows was
+    filled, after ``n`` rows: the rows never reached are not returned unwritten."""
+    return IndexError(f"reqs shrank while the plan sized for its {m} rows was filled: "
+                      f"{n} rows were read")
+
+
 def req_rows(reqs: Any, indices: Any) -> tuple[Any, np.ndarray | None]:
     """``reqs`` and the validated rows ``indices`` selects (``None``: every request).
 
@@ -746,3 +773,64 @@ def as_req_layout(layout: Any) -> tuple[str, str]:
         raise ValueError(
             f"layout must be None, 'flat', 'mixed' or 'nested', got {str.__repr__(layout)}"
         ) from None
+
+
+# ------------------------------------------------------------------ pure mode
+# ``pure=True``: no code of the caller's may run.  Every argument that is not a
+# request is judged here, before any request is read, for both implementations:
+# a type whose reading is the interpreter's or NumPy's own passes (and is then
+# judged by the usual rules, which run nothing of the caller's on it); anything
+# else is ImpureRequest naming the argument.
+
+def _numpy_scalar(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and isinstance(value, (np.integer, np.bool_))
+
+
+def pure_reqs(reqs: Any) -> None:
+    """Requests in pure mode: a list or tuple (iterating anything else may run code)."""
+    if type(reqs) is not list and type(reqs) is not tuple:
+        raise impure_argument("reqs")
+
+
+def pure_scalar(value: Any, name: str) -> None:
+    if type(value) is not int and type(value) is not bool and not _numpy_scalar(value):
+        raise impure_argument(name)
+
+
+def pure_values(values: Any, name: str) -> None:
+    """A list or tuple whose items are exact ints in int64 (the writers' values)."""
+    if type(values) is not list and type(values) is not tuple:
+        raise impure_argument(name)
+    for i, v in enumerate(values):
+        if type(v) is not int or not INT64_MIN <= v <= INT64_MAX:
+            raise impure_argument(f"{name}[{i}]")
+
+
+def pure_args(indices: Any = None, layout: Any = None, flags: tuple = (),
+              scalars: tuple = (), out: Any = None, dtype: Any = None) -> None:
+    """The arguments other than ``reqs`` of a request-object function in pure mode."""
+    for value, name in scalars:
+        pure_scalar(value, name)
+    if indices is not None:
+        if type(indices) is list or type(indices) is tuple:
+            for i, v in enumerate(indices):
+                if type(v) is not int and type(v) is not bool and not _numpy_scalar(v):
+                    raise impure_argument(f"indices[{i}]")
+        elif type(indices) is not np.ndarray or indices.dtype.hasobject:
+            raise impure_argument("indices")
+    for value, name in flags:
+        if value is not True and value is not False and type(value) is not np.bool_:
+            raise impure_argument(name)
+    if layout is not None and type(layout) is not str:
+        raise impure_argument("layout")
+    if out is not None and not (type(out) is tuple and len(out) == 2
+                                and all(type(b) is np.ndarray for b in out)):
+        raise impure_argument("out")
+    # (compared by identity: `in` would call an object's own __eq__)
+    if not (dtype is None or type(dtype) is str or any(dtype is d for d in _PURE_DTYPES)
+            or any(type(dtype) is t for t in _PURE_DTYPE_TYPES)):
+        raise impure_argument("dtype")
+
+
+_PURE_DTYPES = (np.int32, np.int64, int)
+_PURE_DTYPE_TYPES = tuple({type(np.dtype(np.int32)), type(np.dtype(np.int64)), np.dtype})

@@ -30,3 +30,6 @@ WRITE_FUNCTIONS = (
 )
 
 FUNCTIONS = ARRAY_FUNCTIONS + REQ_FUNCTIONS + WRITE_FUNCTIONS
+
+# Public exceptions: kvest._errors, the same class for both implementations.
+EXCEPTIONS = ("ImpureRequest",)

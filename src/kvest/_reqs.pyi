@@ -20,6 +20,9 @@ __all__ = [
 # must be a Sequence.  It is the parameter after the scalars in every function.
 # `exact_ints=True`: a length (or beam row count) whose type is not exactly `int` is a
 # TypeError, where the default reads it through `operator.index`.
+# `pure=True`: no Python code of the caller's runs (no property, __index__, iterator, dict
+# key's __eq__, finalizer); an argument or request that would need some raises
+# kvest.ImpureRequest (kvest._errors) instead.
 def spec_v2_new_tokens_from_reqs(
     reqs: Iterable[Any] | Sequence[Any],
     page_size: int,
@@ -28,6 +31,7 @@ def spec_v2_new_tokens_from_reqs(
     *,
     layout: Literal["flat", "mixed", "nested"] | None = None,
     exact_ints: bool = False,
+    pure: bool = False,
 ) -> int: ...
 def decode_new_tokens_from_reqs(
     reqs: Iterable[Any] | Sequence[Any],
@@ -36,6 +40,7 @@ def decode_new_tokens_from_reqs(
     *,
     layout: Literal["flat", "mixed", "nested"] | None = None,
     exact_ints: bool = False,
+    pure: bool = False,
 ) -> int: ...
 def decode_alloc_plan_from_reqs(
     reqs: Iterable[Any] | Sequence[Any],
@@ -48,11 +53,21 @@ def decode_alloc_plan_from_reqs(
     dtype: npt.DTypeLike = None,
     layout: Literal["flat", "mixed", "nested"] | None = None,
     exact_ints: bool = False,
+    pure: bool = False,
 ) -> AllocPlan: ...
-def beam_groups_from_reqs(reqs: Iterable[Any] | Sequence[Any], indices: Any = None) -> int: ...
+def beam_groups_from_reqs(
+    reqs: Iterable[Any] | Sequence[Any], indices: Any = None, *, pure: bool = False
+) -> int: ...
 def beam_member_rows_from_reqs(
-    reqs: Iterable[Any] | Sequence[Any], indices: Any = None, *, exact_ints: bool = False
+    reqs: Iterable[Any] | Sequence[Any],
+    indices: Any = None,
+    *,
+    exact_ints: bool = False,
+    pure: bool = False,
 ) -> Any: ...
+
+# Private: whether this build keeps to CPython's public API (KVEST_PUBLIC_API_ONLY=1).
+_PUBLIC_API_ONLY: bool
 
 # Private, for the tests: (walks in address order, walks that gave up, the least
 # batch that tries); `min_requests` sets that least batch.

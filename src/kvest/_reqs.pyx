@@ -2,11 +2,10 @@
 # every index into a caller's container is checked (the C reads check by hand).
 # cython: language_level=3, boundscheck=True, wraparound=False, cdivision=True
 # cython: initializedcheck=False
-# Free-threading: every call keeps its per-type lookup cache on its own stack
-# and reads its requests through the C API (which keeps them alive), so no
-# lock is needed; the address-ordered walk and its counters, the module's one
-# state, are compiled out there (addrorder.h).
-# cython: freethreading_compatible=True
+# Free-threading: not claimed.  The readers take a borrowed reference to a
+# container's item or a slot's value and then increment it, which another
+# thread's write could free in between; on a free-threaded build importing
+# this module turns the GIL back on (no freethreading_compatible directive).
 """Compiled request-object kernels: the same names, signatures and exceptions
 as kvest.reference._reqs, their pure-Python twin.
 
@@ -46,7 +45,11 @@ from kvest._common cimport (
 
 import numpy as np
 
-from kvest._errors import plan_reqs_overflow, spec_v2_reqs_overflow
+from kvest._errors import (
+    impure_request,
+    plan_reqs_overflow,
+    spec_v2_reqs_overflow,
+)
 from kvest._inputs import (
     as_flag,
     as_plan_out,
@@ -55,6 +58,9 @@ from kvest._inputs import (
     beam_attr,
     beam_rows_value,
     plan_grew_error,
+    plan_shrank_error,
+    pure_args,
+    pure_reqs,
     req_length,
     req_length_value,
     req_read_error,
@@ -73,43 +79,56 @@ cnp.import_array()
 
 cdef extern from "reqattr.h":
     ctypedef struct kv_cache:
-        pass
+        int pure
     ctypedef struct kv_req_state:
         pass
     enum:
         KV_COMMITTED
         KV_ALLOCATED
         KV_BEAM
+        KV_ROWS
         KV_AT_EITHER
         KV_AT_FLAT
         KV_AT_NESTED
+        KV_IMPURE
+        KV_LEN_IMPURE
         KV_LEN_ERROR
         KV_LEN_MISSING
         KV_LEN_OK
         KV_LEN_VALUE
+        KV_PURE_OFF
+        KV_PURE_STRICT
+        KV_PURE_QUICK
     void kv_cache_init(kv_cache *c, PyObject *committed, PyObject *allocated,
-                       PyObject *nested, PyObject *beam)
+                       PyObject *nested, PyObject *beam, PyObject *rows, int pure)
+    void kv_cache_let(kv_cache *c)
+    void kv_cache_hold(kv_cache *c)
     int kv_get(kv_cache *c, PyObject *obj, int which, PyObject **value, int *pure)
     void kv_req_begin(kv_req_state *st)
     void kv_req_forget(kv_req_state *st)
     int kv_req_length(kv_cache *c, PyObject *req, int which, int at, kv_req_state *st,
                       int64_t *length, PyObject **value)
-    PyObject *kv_get_pure(kv_cache *c, PyObject *obj, int which)
-    bint kv_req_length_pure(kv_cache *c, PyObject *req, int which, int at, PyObject **kv,
-                            PyObject ***dictslot, int64_t *length)
+
+
+cdef extern from "typetag.h":
+    enum:
+        KV_PRIVATE
+
+# Whether this build keeps to CPython's public API (the fence, typetag.h): on
+# any Python newer than 3.13, or built with KVEST_PUBLIC_API_ONLY=1 (CI checks it).
+_PUBLIC_API_ONLY = not KV_PRIVATE
 
 
 cdef extern from "addrorder.h":
     enum:
         KV_ADDRESS_ORDER
+        KV_ORDER_MIN
     bint kv_mostly_near(PyObject **items, Py_ssize_t m)
     int kv_address_order(PyObject **items, Py_ssize_t m, PyObject **out)
 
 
 cdef extern from "Python.h":
     PyObject **PySequence_Fast_ITEMS(object o)
-    int PyGC_Disable()
-    int PyGC_Enable()
 
 
 # Interned: the per-type lookups and dict probes compare these by identity first.
@@ -117,21 +136,40 @@ cdef str _COMMITTED = "kv_committed_len"
 cdef str _ALLOCATED = "kv_allocated_len"
 cdef str _NESTED = "kv"
 cdef str _BEAM = "beam_group"
+cdef str _ROWS = "num_member_rows"
 
 
 # ----------------------------------------------------------- reading lengths
+
+# What a row gives back when the job's pure mode is KV_PURE_QUICK (the
+# address-ordered walk) and the request needs more than a pure read: nothing
+# raised, nothing but the job changed; the caller walks in order instead.
+cdef enum:
+    GAVE_UP = 1
+    QUICK_MISS = -2  # a length's stand-in for GAVE_UP (lengths are >= 0)
+
 
 cdef int _raised() except -1:
     """Raise the exception a C lookup left set (Cython raises it on -1)."""
     return -1
 
 
-cdef int64_t _length_slow(int status, object req, Py_ssize_t pos, int which, int at,
-                          kv_req_state *st, PyObject *value, bint exact) except -1:
-    """The rare outcomes: an error, a missing attribute, a value the Python rule judges."""
+cdef int64_t _length_slow(int status, kv_cache *cache, object req, Py_ssize_t pos, int which,
+                          int at, kv_req_state *st, PyObject *value, bint exact) except -1:
+    """The rare outcomes: an error, a missing attribute, a value the Python rule judges,
+    a read pure mode refuses."""
     cdef str attr = _COMMITTED if which == KV_COMMITTED else _ALLOCATED
-    # Python code may run from here: a held req.kv may no longer be current.
+    cdef int pure = cache.pure
+    if pure == KV_PURE_QUICK:
+        if status == KV_LEN_VALUE:
+            Py_DECREF(<object>value)  # an exact int (pure reads): its release runs nothing
+        return QUICK_MISS
+    # Python code may run from here: a held req.kv may no longer be current,
+    # and collections run again (the caller's code runs with its own state).
     kv_req_forget(st)
+    kv_cache_let(cache)
+    if status == KV_LEN_IMPURE:
+        raise impure_request(pos)
     if status == KV_LEN_ERROR:
         try:
             _raised()
@@ -150,18 +188,9 @@ cdef int64_t _length_slow(int status, object req, Py_ssize_t pos, int which, int
         raise AttributeError(f"reqs[{pos}] has no .{'kv.' if at == KV_AT_NESTED else ''}{attr}")
     v = <object>value
     Py_DECREF(v)  # v now holds the reference the lookup returned
+    if pure and not (type(v) is int and INT64_MIN <= v <= INT64_MAX):  # judged: negative
+        raise impure_request(pos)
     return req_length_value(v, pos, attr, exact)
-
-
-cdef inline int64_t _length(kv_cache *cache, object req, Py_ssize_t pos, int which, int at,
-                            kv_req_state *st, bint exact) except -1:
-    """reqs[pos]'s length ``which``, read where ``at`` says and checked by the shared rule."""
-    cdef int64_t x = 0
-    cdef PyObject *value = NULL
-    cdef int status = kv_req_length(cache, <PyObject *>req, which, at, st, &x, &value)
-    if status == KV_LEN_OK:
-        return x
-    return _length_slow(status, req, pos, which, at, st, value, exact)
 
 
 # ------------------------------------------------------------- one request
@@ -177,6 +206,7 @@ cdef enum Kind:
 cdef struct Job:
     Kind kind
     int at_committed, at_allocated  # KV_AT_*: where each length is read
+    int pure  # KV_PURE_*: the reads' mode
     int64_t p, r
     bint fast  # p and r in the fast range (each row checks its own lengths)
     bint aligned
@@ -196,15 +226,17 @@ cdef struct Job:
 cdef int _overflow(Job *job, Py_ssize_t pos, int64_t c, int64_t a) except -1:
     """Raise what the row at reqs[pos] overflowed: the status (the row's values and
     the total before it) goes to the shared error layer, which words it."""
+    if job.pure == KV_PURE_QUICK:
+        return GAVE_UP
     if job.kind == SPEC_V2:
         raise spec_v2_reqs_overflow(pos, c, a, job.p, job.r, job.tokens)
     raise plan_reqs_overflow(pos, job.row, c, a, job.p, job.r, job.aligned,
                              INT32_MAX if job.cur32 else INT64_MAX, job.tokens)
 
 
-cdef inline void _cache_init(kv_cache *cache) noexcept:
+cdef inline void _cache_init(kv_cache *cache, int pure) noexcept:
     kv_cache_init(cache, <PyObject *>_COMMITTED, <PyObject *>_ALLOCATED, <PyObject *>_NESTED,
-                  <PyObject *>_BEAM)
+                  <PyObject *>_BEAM, <PyObject *>_ROWS, pure)
 
 
 cdef int _beam_add(Job *job, object value) except -1:
@@ -225,14 +257,25 @@ cdef int _beam_add(Job *job, object value) except -1:
     return 0
 
 
-cdef int _beam_group(kv_cache *cache, object req, Py_ssize_t pos, PyObject **group,
-                     int *pure) except -1:
-    """``req.beam_group`` as a new reference in *group; *pure: no Python code ran."""
-    cdef int found = kv_get(cache, <PyObject *>req, KV_BEAM, group, pure)
+cdef int _beam_read(Job *job, kv_cache *cache, object obj, int which, Py_ssize_t pos,
+                    PyObject **out, int *pure) except -1:
+    """``obj.beam_group`` (or ``.num_member_rows``) as a new reference in *out; *pure:
+    no Python code ran.  GAVE_UP (quick mode) with nothing set."""
+    cdef int found = kv_get(cache, <PyObject *>obj, which, out, pure)
+    if found == KV_IMPURE:
+        if job.pure == KV_PURE_QUICK:
+            return GAVE_UP
+        kv_cache_let(cache)
+        raise impure_request(pos)
     if found < 0:
+        kv_cache_let(cache)
         return -1  # as upstream's code: the caller's own exception, unchanged
     if not found:
-        raise AttributeError(f"reqs[{pos}] has no .beam_group")
+        if job.pure == KV_PURE_QUICK:
+            return GAVE_UP
+        kv_cache_let(cache)
+        raise AttributeError(f"reqs[{pos}] has no .beam_group"
+                             f"{'.num_member_rows' if which == KV_ROWS else ''}")
     return 0
 
 
@@ -240,11 +283,24 @@ cdef int _beam_row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except
     """``if req.beam_group is not None: total += req.beam_group.num_member_rows``."""
     cdef PyObject *raw = NULL
     cdef int pure = 0
-    _beam_group(cache, req, pos, &raw, &pure)
+    if _beam_read(job, cache, req, KV_BEAM, pos, &raw, &pure) == GAVE_UP:
+        return GAVE_UP
     group = <object>raw
     Py_DECREF(group)  # group holds the reference the read returned
     if group is None:
         return 0
+    if job.pure == KV_PURE_QUICK:
+        return GAVE_UP  # a group's rows are a Python attribute read and sum
+    if job.pure:
+        # beam_group read once: reading it again would give the same object
+        _beam_read(job, cache, group, KV_ROWS, pos, &raw, &pure)
+        rows = <object>raw
+        Py_DECREF(rows)
+        if not (type(rows) is int and INT64_MIN <= rows <= INT64_MAX):
+            kv_cache_let(cache)
+            raise impure_request(pos)
+        return _beam_add(job, rows)  # exact ints: no code of the caller's
+    kv_cache_let(cache)
     if not pure:
         # read twice, as the upstream expression does
         group = beam_attr(req, "beam_group", pos, ".beam_group")
@@ -258,11 +314,13 @@ cdef int _beam_group_row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) 
     """``if req.beam_group is not None: count += 1``."""
     cdef PyObject *raw = NULL
     cdef int pure = 0
-    _beam_group(cache, req, pos, &raw, &pure)
-    group = <object>raw
-    Py_DECREF(group)  # group holds the reference the read returned
-    if group is not None:
+    if _beam_read(job, cache, req, KV_BEAM, pos, &raw, &pure) == GAVE_UP:
+        return GAVE_UP
+    if raw != <PyObject *>None:
         job.count += 1
+    if not pure:
+        kv_cache_let(cache)  # the release may run a finalizer of the caller's
+    Py_DECREF(<object>raw)  # the reference the read returned (the cast took one more)
     return 0
 
 
@@ -287,21 +345,39 @@ cdef inline bint _spec_v2_add(Job *job, int64_t c, int64_t a) noexcept:
 
 
 cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
+    """One request's row: 0, or GAVE_UP (quick mode only: nothing raised, nothing
+    but the job changed)."""
     cdef kv_req_state st
-    cdef int64_t c, a, nxt
+    cdef int64_t c = 0, a = 0, nxt
     cdef uint64_t nxt_fast, pages
+    cdef PyObject *value = NULL
+    cdef int status
     if job.kind == BEAM:
         return _beam_row(job, cache, req, pos)
     if job.kind == BEAM_GROUPS:
         return _beam_group_row(job, cache, req, pos)
     kv_req_begin(&st)
-    c = _length(cache, req, pos, KV_COMMITTED, job.at_committed, &st, job.exact)
+    # _length's two steps written out here: the C read inline in the walk.
+    status = kv_req_length(cache, <PyObject *>req, KV_COMMITTED, job.at_committed, &st, &c,
+                           &value)
+    if status != KV_LEN_OK:
+        c = _length_slow(status, cache, req, pos, KV_COMMITTED, job.at_committed, &st, value,
+                         job.exact)
+    if c == QUICK_MISS:
+        kv_req_forget(&st)
+        return GAVE_UP
     if job.kind == DECODE:
         kv_req_forget(&st)
         _decode_add(job, c)
         return 0
-    a = _length(cache, req, pos, KV_ALLOCATED, job.at_allocated, &st, job.exact)
+    status = kv_req_length(cache, <PyObject *>req, KV_ALLOCATED, job.at_allocated, &st, &a,
+                           &value)
+    if status != KV_LEN_OK:
+        a = _length_slow(status, cache, req, pos, KV_ALLOCATED, job.at_allocated, &st, value,
+                         job.exact)
     kv_req_forget(&st)
+    if a == QUICK_MISS:
+        return GAVE_UP
     cdef bint fast_row = job.fast and <uint64_t>(c | a) < KV_FAST_LIMIT
     if job.kind == SPEC_V2:
         if _spec_v2_add(job, c, a):
@@ -340,7 +416,8 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
 # From how many requests a walk goes in address order, and how many walks did
 # and gave up (for the tests: kvest._reqs._address_order).  Module state, but
 # only the GIL build (KV_ADDRESS_ORDER) touches it, and only under the GIL.
-cdef Py_ssize_t _order_min = 256
+# The walk's tuning constants are addrorder.h's (KV_ORDER_*), this one's default too.
+cdef Py_ssize_t _order_min = KV_ORDER_MIN
 cdef Py_ssize_t _order_walks = 0, _order_gave_up = 0
 
 
@@ -354,45 +431,21 @@ def _address_order(min_requests=None):
     return _order_walks, _order_gave_up, _order_min
 
 
-cdef bint _row_pure(Job *job, kv_cache *cache, PyObject *req) noexcept:
-    """:func:`_row` for one request where that runs no Python code, raises
-    nothing and needs no Python arithmetic; whether it could (else nothing
-    but job may have changed)."""
-    cdef PyObject *kv = NULL
-    cdef PyObject **dictslot = NULL
-    cdef PyObject *group
-    cdef int64_t c, a
-    cdef bint ok
-    if job.kind == BEAM or job.kind == BEAM_GROUPS:
-        group = kv_get_pure(cache, req, KV_BEAM)
-        if group == NULL or (group != <PyObject *>None and job.kind == BEAM):
-            return False  # a group's rows are a Python attribute read and sum
-        job.count += group != <PyObject *>None
-        return True
-    ok = kv_req_length_pure(cache, req, KV_COMMITTED, job.at_committed, &kv, &dictslot, &c)
-    if ok and job.kind == DECODE:
-        _decode_add(job, c)
-    elif ok:
-        ok = (kv_req_length_pure(cache, req, KV_ALLOCATED, job.at_allocated, &kv, &dictslot, &a)
-              and not _spec_v2_add(job, c, a))
-    Py_XDECREF(kv)
-    return ok
-
-
 cdef inline bint _may_reorder(Job *job, Py_ssize_t m) noexcept:
     """Whether a walk of m rows of this job may go in address order at all."""
     return KV_ADDRESS_ORDER and m >= _order_min and job.kind != PLAN
 
 
-cdef bint _by_address(Job *job, PyObject **items, Py_ssize_t m) noexcept:
+cdef int _by_address(Job *job, PyObject **items, Py_ssize_t m) except -1:
     """The walk over items (borrowed; no Python code has run since they were
     read) in address order (addrorder.h says why), where the answer cannot
-    tell the order: a count or an int64 sum (not the plan's rows), read only
-    as :func:`_row_pure` can.  Whether it did: job then holds the answer.
-    Else (a batch too small, or whose requests mostly lie near one another
-    already; a request the pure read cannot take; an overflow) job is as it
-    was, nothing else has changed, and the caller walks in order -- and
-    raises, or calls Python, as it does."""
+    tell the order: a count or an int64 sum (not the plan's rows), each
+    request read by :func:`_row` in quick pure mode (a slot, or an instance
+    dict's entry at its learned place; no code of the caller's).  1 when it
+    did: job then holds the answer.  0 otherwise (a batch too small, or whose
+    requests mostly lie near one another already; a request the quick read
+    cannot take; an overflow): job is as it was, nothing else has changed, and
+    the caller walks in order -- and raises, or calls Python, as it does."""
     global _order_walks, _order_gave_up
     cdef Job trial
     cdef kv_cache cache
@@ -400,30 +453,32 @@ cdef bint _by_address(Job *job, PyObject **items, Py_ssize_t m) noexcept:
     cdef PyObject **order
     cdef bint done = True
     if not _may_reorder(job, m) or kv_mostly_near(items, m):
-        return False
+        return 0
     order = <PyObject **>PyMem_Malloc(m * sizeof(PyObject *))
     if order == NULL or kv_address_order(items, m, order) < 0:
         PyMem_Free(order)
-        return False
+        return 0
     for j in range(m):
         Py_XINCREF(order[j])
-    # No collection while the walk reads: making a request's instance dict
-    # real (3.11+) allocates, and a collection could run a finalizer -- Python
-    # code, which could change what the walk has yet to read, in an order the
-    # loop it stands for never reads.  Collections wait until it is done.
-    cdef int collecting = PyGC_Disable()
     trial = job[0]
-    _cache_init(&cache)
-    for j in range(m):
-        if not _row_pure(&trial, &cache, order[j]):
-            done = False
-            break
-    if collecting:
-        PyGC_Enable()
-    for j in range(m):
-        Py_XDECREF(order[j])
-    PyMem_Free(order)
+    trial.pure = KV_PURE_QUICK
+    _cache_init(&cache, KV_PURE_QUICK)
+    # No collection while the walk reads (reqroute.h): a finalizer could change
+    # what the walk has yet to read, in an order the loop it stands for never
+    # reads.  The quick reads run no Python code, so the hold lasts the walk.
+    kv_cache_hold(&cache)
+    try:
+        for j in range(m):
+            if _row(&trial, &cache, <object>order[j], j) == GAVE_UP:
+                done = False
+                break
+    finally:
+        kv_cache_let(&cache)
+        for j in range(m):
+            Py_XDECREF(order[j])
+        PyMem_Free(order)
     if done:
+        trial.pure = job.pure
         job[0] = trial
         _order_walks += 1
     else:
@@ -431,25 +486,27 @@ cdef bint _by_address(Job *job, PyObject **items, Py_ssize_t m) noexcept:
     return done
 
 
-cdef bint _rows_by_address(Job *job, object reqs, const int64_t *rows, Py_ssize_t m,
-                           bint is_list) noexcept:
+cdef int _rows_by_address(Job *job, object reqs, const int64_t *rows, Py_ssize_t m,
+                          bint is_list) except -1:
     """:func:`_by_address` over the selected rows of a list or tuple."""
     cdef Py_ssize_t j, n = PyList_GET_SIZE(reqs) if is_list else PyTuple_GET_SIZE(reqs)
     cdef PyObject **items
     cdef PyObject **held = PySequence_Fast_ITEMS(reqs)
-    cdef bint done
+    cdef int done
     if not _may_reorder(job, m):
-        return False  # before the gathering buffer is allocated
+        return 0  # before the gathering buffer is allocated
     items = <PyObject **>PyMem_Malloc(m * sizeof(PyObject *))
     if items == NULL:
-        return False
+        return 0
     for j in range(m):
         if not 0 <= rows[j] < n:
             PyMem_Free(items)
-            return False  # the walk in order says what is wrong
+            return 0  # the walk in order says what is wrong
         items[j] = held[rows[j]]
-    done = _by_address(job, items, m)
-    PyMem_Free(items)
+    try:
+        done = _by_address(job, items, m)
+    finally:
+        PyMem_Free(items)
     return done
 
 
@@ -495,38 +552,43 @@ cdef int _walk_all(Job *job, object reqs) except -1:
         if _by_address(job, PySequence_Fast_ITEMS(reqs), PyList_GET_SIZE(reqs)
                        if type(reqs) is list else PyTuple_GET_SIZE(reqs)):
             return 0
-    _cache_init(&cache)
+    _cache_init(&cache, job.pure)
     # Each request is held by a reference of our own while it is read: a
     # property of one request may drop the container's reference to it.
-    if type(reqs) is list:
-        # The size is read every step, as a list iterator does.
-        while pos < PyList_GET_SIZE(reqs):
-            req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
-            _row(job, &cache, req, pos)
-            pos += 1
-    elif type(reqs) is tuple:
-        while pos < PyTuple_GET_SIZE(reqs):
-            req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
-            _row(job, &cache, req, pos)
-            pos += 1
-    else:
-        it = reqs_iter(reqs)
-        while True:
-            try:
-                req = next(it)
-            except StopIteration:
-                break
-            except MemoryError:
-                raise
-            except Exception as exc:
-                raise reqs_read_error(exc, pos) from exc
-            _row(job, &cache, req, pos)
-            pos += 1
+    try:
+        if type(reqs) is list:
+            # The size is read every step, as a list iterator does.
+            while pos < PyList_GET_SIZE(reqs):
+                req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
+                _row(job, &cache, req, pos)
+                pos += 1
+        elif type(reqs) is tuple:
+            while pos < PyTuple_GET_SIZE(reqs):
+                req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
+                _row(job, &cache, req, pos)
+                pos += 1
+        else:
+            it = reqs_iter(reqs)
+            while True:
+                kv_cache_let(&cache)  # the iterator is the caller's code
+                try:
+                    req = next(it)
+                except StopIteration:
+                    break
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    raise reqs_read_error(exc, pos) from exc
+                _row(job, &cache, req, pos)
+                pos += 1
+    finally:
+        kv_cache_let(&cache)
     return 0
 
 
-cdef object _item(object reqs, Py_ssize_t pos):
+cdef object _item(kv_cache *cache, object reqs, Py_ssize_t pos):
     """reqs[pos] of a container that is not a list or tuple (or a list that shrank)."""
+    kv_cache_let(cache)  # the lookup may be the caller's code
     try:
         return reqs[<object>pos]  # the generic lookup: bounds checked whatever reqs is
     except MemoryError:
@@ -543,17 +605,20 @@ cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) ex
     cdef bint is_list = type(reqs) is list, is_tuple = type(reqs) is tuple
     if (is_list or is_tuple) and _rows_by_address(job, reqs, rows, m, is_list):
         return 0
-    _cache_init(&cache)
-    for j in range(m):
-        pos = rows[j]
-        if is_list and 0 <= pos < PyList_GET_SIZE(reqs):
-            req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
-            _row(job, &cache, req, pos)
-        elif is_tuple and 0 <= pos < PyTuple_GET_SIZE(reqs):
-            req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
-            _row(job, &cache, req, pos)
-        else:
-            _row(job, &cache, _item(reqs, pos), pos)
+    _cache_init(&cache, job.pure)
+    try:
+        for j in range(m):
+            pos = rows[j]
+            if is_list and 0 <= pos < PyList_GET_SIZE(reqs):
+                req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
+                _row(job, &cache, req, pos)
+            elif is_tuple and 0 <= pos < PyTuple_GET_SIZE(reqs):
+                req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
+                _row(job, &cache, req, pos)
+            else:
+                _row(job, &cache, _item(&cache, reqs, pos), pos)
+    finally:
+        kv_cache_let(&cache)
     return 0
 
 
@@ -599,8 +664,17 @@ cdef str _MIXED = "mixed"
 cdef str _NESTED_LAYOUT = "nested"
 
 
+cdef int _pure_mode(object pure) except -1:
+    """``pure=``: KV_PURE_STRICT or KV_PURE_OFF (a flag, as the others are)."""
+    if pure is False:
+        return KV_PURE_OFF
+    if pure is True:
+        return KV_PURE_STRICT
+    return KV_PURE_STRICT if as_flag(pure, "pure") else KV_PURE_OFF
+
+
 cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout,
-                   object exact_ints) except -1:
+                   object exact_ints, int pure) except -1:
     # The usual values by identity (string constants are interned); anything
     # else through the shared rule, which also raises for a bad value.
     if layout is None:
@@ -622,6 +696,7 @@ cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout,
     else:
         job.exact = as_flag(exact_ints, "exact_ints")
     job.kind = kind
+    job.pure = pure
     job.p = p
     job.r = r
     job.fast = _fast_range(0, p, r)
@@ -639,7 +714,7 @@ cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout,
 # ------------------------------------------------------------- estimators
 
 def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layout=None,
-                                 exact_ints=False):
+                                 exact_ints=False, pure=False):
     """:func:`spec_v2_new_tokens` read straight from request objects.
 
     Each request gives ``kv_committed_len`` and ``kv_allocated_len``, either
@@ -650,13 +725,20 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layo
     (``None``: ``req.<name>``, else ``req.kv.<name>``) makes.
     ``exact_ints=True`` refuses (``TypeError``) any length whose type is not
     exactly ``int``, where the default reads it through ``operator.index``.
+    ``pure=True`` runs no Python code of the caller's: an argument or request
+    that would need some raises :class:`kvest.ImpureRequest` instead.
     """
+    cdef int pm = _pure_mode(pure)
+    if pm:
+        pure_reqs(reqs)
+        pure_args(indices, layout, ((exact_ints, "exact_ints"),),
+                  ((page_size, "page_size"), (reserve, "reserve")))
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
     cdef _Rows sel
     _job_init(&job, SPEC_V2, _count(page_size, "page_size", 1), _count(reserve, "reserve", 0),
-              layout, exact_ints)
+              layout, exact_ints, pm)
     if indices is None:
         _walk_all(&job, reqs)
     else:
@@ -666,13 +748,17 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layo
 
 
 def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None,
-                                exact_ints=False):
+                                exact_ints=False, pure=False):
     """:func:`decode_new_tokens` read straight from request objects."""
+    cdef int pm = _pure_mode(pure)
+    if pm:
+        pure_reqs(reqs)
+        pure_args(indices, layout, ((exact_ints, "exact_ints"),), ((page_size, "page_size"),))
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
     cdef _Rows sel
-    _job_init(&job, DECODE, _count(page_size, "page_size", 1), 0, layout, exact_ints)
+    _job_init(&job, DECODE, _count(page_size, "page_size", 1), 0, layout, exact_ints, pm)
     if indices is None:
         _walk_all(&job, reqs)
     else:
@@ -682,7 +768,8 @@ def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None,
 
 
 def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_aligned=True,
-                                out=None, dtype=None, layout=None, exact_ints=False):
+                                out=None, dtype=None, layout=None, exact_ints=False,
+                                pure=False):
     """:func:`decode_alloc_plan` read straight from request objects, in one pass.
 
     Per selected request ``cur = A`` and ``nxt = max(A, ceil_align(C + R, p))``
@@ -691,6 +778,11 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_
     A value its array's dtype cannot hold raises ``OverflowError`` naming
     ``out[0]`` (cur) or ``out[1]`` (nxt).
     """
+    cdef int pm = _pure_mode(pure)
+    if pm:
+        pure_reqs(reqs)
+        pure_args(indices, layout, ((page_aligned, "page_aligned"), (exact_ints, "exact_ints")),
+                  ((page_size, "page_size"), (reserve, "reserve")), out, dtype)
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
@@ -701,7 +793,7 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_
     # A flag is True or False, checked before layout as the signature orders them.
     cdef bint aligned = (page_aligned if page_aligned is True or page_aligned is False
                          else as_flag(page_aligned, "page_aligned"))
-    _job_init(&job, PLAN, p, r, layout, exact_ints)
+    _job_init(&job, PLAN, p, r, layout, exact_ints, pm)
     job.aligned = aligned
     if indices is None:
         if type(reqs) is not list and type(reqs) is not tuple:
@@ -751,17 +843,22 @@ cdef inline bint _plan_buffer(cnp.ndarray arr, Py_ssize_t m) noexcept:
 cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
     cdef kv_cache cache
     cdef Py_ssize_t pos = 0
-    _cache_init(&cache)
-    while pos < PyList_GET_SIZE(reqs):
-        if pos == m:
-            raise plan_grew_error(m)
-        req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
-        _row(job, &cache, req, pos)
-        pos += 1
+    _cache_init(&cache, job.pure)
+    try:
+        while pos < PyList_GET_SIZE(reqs):
+            if pos == m:
+                raise plan_grew_error(m)
+            req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
+            _row(job, &cache, req, pos)
+            pos += 1
+    finally:
+        kv_cache_let(&cache)
+    if pos < m:  # a request's property shrank the list: rows never reached stay unread
+        raise plan_shrank_error(m, pos)
     return 0
 
 
-def beam_member_rows_from_reqs(reqs, indices=None, *, exact_ints=False):
+def beam_member_rows_from_reqs(reqs, indices=None, *, exact_ints=False, pure=False):
     """SGLang's beam rows, ``sum(r.beam_group.num_member_rows for r in reqs if
     r.beam_group is not None)``, over the selected requests (``indices`` as in
     :func:`decode_new_tokens_from_reqs`).
@@ -770,11 +867,15 @@ def beam_member_rows_from_reqs(reqs, indices=None, *, exact_ints=False):
     Python's: whatever ``num_member_rows`` returns is added as ``sum()`` adds it
     (with ``exact_ints=True``, only a value whose type is ``int``).
     """
+    cdef int pm = _pure_mode(pure)
+    if pm:
+        pure_reqs(reqs)
+        pure_args(indices, None, ((exact_ints, "exact_ints"),))
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
     cdef _Rows sel
-    _job_init(&job, BEAM, 1, 0, None, exact_ints)
+    _job_init(&job, BEAM, 1, 0, None, exact_ints, pm)
     try:
         if indices is None:
             _walk_all(&job, reqs)
@@ -788,18 +889,22 @@ def beam_member_rows_from_reqs(reqs, indices=None, *, exact_ints=False):
         Py_XDECREF(job.beam_total)
 
 
-def beam_groups_from_reqs(reqs, indices=None):
+def beam_groups_from_reqs(reqs, indices=None, *, pure=False):
     """How many of the selected requests are in a beam group: ``sum(1 for r in
     reqs if r.beam_group is not None)`` (``indices`` as in
     :func:`decode_new_tokens_from_reqs`).
 
     Zero means SGLang's ``append_beam_tail`` has no member rows to append.
     """
+    cdef int pm = _pure_mode(pure)
+    if pm:
+        pure_reqs(reqs)
+        pure_args(indices)
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
     cdef _Rows sel
-    _job_init(&job, BEAM_GROUPS, 1, 0, None, False)
+    _job_init(&job, BEAM_GROUPS, 1, 0, None, False, pm)
     if indices is None:
         _walk_all(&job, reqs)
     else:

@@ -10,12 +10,17 @@ __all__ = [
 
 # A path: a dotted string ("kv.kv_allocated_len") or a tuple/list of attribute names.
 # `paths` is a tuple/list of paths, or a single dotted string.
+# `pure=True`: no Python code of the caller's runs, and every request is checked before
+# anything is written; the first that would need such code (or would raise) raises
+# kvest.ImpureRequest, nothing written.
 AttrPath: TypeAlias = str | tuple[str, ...] | list[str]
 
 def add_to_attrs(
     reqs: Iterable[Any],
     paths: str | Sequence[AttrPath],
     delta: Any,
+    *,
+    pure: bool = False,
 ) -> None: ...
 def max_into_attr(
     reqs: Iterable[Any],
@@ -23,4 +28,5 @@ def max_into_attr(
     values: Iterable[Any],
     *,
     strict: bool = True,
+    pure: bool = False,
 ) -> None: ...

@@ -1,6 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-# Free-threading: the module keeps no state; each call keeps its routes on its
-# own stack, and without a GIL reqwrite.h makes every access a generic one.
+# Free-threading: claimed.  Each call keeps its routes on its own stack, and
+# without a GIL reqroute.h makes every access a generic one (owned references
+# through PyObject_GetAttr/PyObject_SetAttr, no hint table, no slot or dict
+# read behind the interpreter's back), and a list's items are taken with
+# PyList_GetItemRef (kw_item), which checks the index and takes a reference of
+# our own at once.  (The readers, _reqs.pyx, do not claim it.)
 # cython: freethreading_compatible=True
 """Compiled request-object writers: the same names, signatures and exceptions
 as kvest.reference._writes, their pure-Python twin.
@@ -19,6 +23,8 @@ from cpython.object cimport PyObject
 
 from sys import intern
 
+from kvest._errors import impure_argument, impure_request
+from kvest._inputs import pure_reqs, pure_values
 from kvest._names import WRITE_FUNCTIONS
 
 __all__ = list(WRITE_FUNCTIONS)
@@ -27,11 +33,19 @@ __all__ = list(WRITE_FUNCTIONS)
 cdef extern from "reqwrite.h":
     ctypedef struct kw_step:
         pass
+    ctypedef struct kw_ctx:
+        pass
+    void kw_ctx_init(kw_ctx *cx, int pure)
+    void kw_ctx_end(kw_ctx *cx)
     bint kw_interned(PyObject *s)
     void kw_step_init(kw_step *s, PyObject *name)
-    int kw_add_all(PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
+    Py_ssize_t kw_check_add(kw_ctx *cx, PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
+                            Py_ssize_t npaths)
+    int kw_add_all(kw_ctx *cx, PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
                    Py_ssize_t npaths, PyObject *delta, unsigned char *reuse) except -1
-    int kw_max_all(PyObject *reqs, PyObject *values, kw_step *steps, Py_ssize_t n,
+    Py_ssize_t kw_check_max(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *steps,
+                            Py_ssize_t n)
+    int kw_max_all(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *steps, Py_ssize_t n,
                    int strict) except -1
 
 
@@ -100,9 +114,26 @@ cdef bint _flag(object value, str name) except -1:
     raise TypeError(f"{name} must be True or False, not {type(value).__name__}")
 
 
+cdef int _pure_paths(tuple norm) except -1:
+    """Pure mode: no path may read, on its way to its owner, a name some path
+    writes (it would then read the int written there): ImpureRequest."""
+    cdef list written = [path[len(path) - 1] for path in norm]
+    for path in norm:
+        for j in range(len(path) - 1):
+            if any(path[j] is name for name in written):
+                raise impure_argument("paths")
+    return 0
+
+
+cdef int _pure_delta(object delta) except -1:
+    if type(delta) is not int or not -(2**63) <= delta < 2**63:
+        raise impure_argument("delta")
+    return 0
+
+
 # ----------------------------------------------------------------- writers
 
-def add_to_attrs(reqs, paths, delta):
+def add_to_attrs(reqs, paths, delta, *, pure=False):
     """For each request in order, for each path in order: ``req.<path> += delta``.
 
     ``paths`` is a tuple or list of paths, or one path as a dotted string; a
@@ -127,7 +158,16 @@ def add_to_attrs(reqs, paths, delta):
     left exactly as that loop leaves them -- the same requests and paths
     already written -- and the same exception propagates.  A bad ``paths``
     raises ``TypeError``/``ValueError`` before any request is touched.
+
+    ``pure=True`` runs no Python code of the caller's and never writes and
+    then raises: every request is checked first (each owner read from a slot
+    or an instance dict, each value an exact ``int`` in int64, ``delta`` too,
+    each store a slot or a dict of exact-str keys), and the first that fails
+    raises :class:`kvest.ImpureRequest` before anything is written.
     """
+    cdef bint is_pure = _flag(pure, "pure")
+    if is_pure:
+        pure_reqs(reqs)
     cdef tuple norm = _paths(paths)
     cdef Py_ssize_t npaths = len(norm), total = 0, k, j, at = 0
     cdef tuple path
@@ -148,6 +188,9 @@ def add_to_attrs(reqs, paths, delta):
             PyMem_Free(ends)
             PyMem_Free(reuse)
             raise MemoryError()
+    cdef kw_ctx cx
+    cdef Py_ssize_t bad
+    kw_ctx_init(&cx, is_pure)
     try:
         for k in range(npaths):
             path = norm[k]
@@ -155,15 +198,22 @@ def add_to_attrs(reqs, paths, delta):
                 kw_step_init(&steps[at], <PyObject *>path[j])  # norm holds the names
                 at += 1
             ends[k] = at
-        kw_add_all(<PyObject *>reqs, steps, ends, npaths, <PyObject *>delta, reuse)
+        if is_pure:
+            _pure_delta(delta)
+            _pure_paths(norm)
+            bad = kw_check_add(&cx, <PyObject *>reqs, steps, ends, npaths)
+            if bad >= 0:
+                raise impure_request(bad, "written")
+        kw_add_all(&cx, <PyObject *>reqs, steps, ends, npaths, <PyObject *>delta, reuse)
     finally:
+        kw_ctx_end(&cx)  # collections as they were, whatever happened
         if steps != small:
             PyMem_Free(steps)
             PyMem_Free(ends)
             PyMem_Free(reuse)
 
 
-def max_into_attr(reqs, path, values, *, strict=True):
+def max_into_attr(reqs, path, values, *, strict=True, pure=False):
     """``for req, v in zip(reqs, values, strict=strict): req.<path> = max(req.<path>, v)``.
 
     ``path`` is one path: a dotted string or a tuple/list of attribute
@@ -177,9 +227,20 @@ def max_into_attr(reqs, path, values, *, strict=True):
     requests are left exactly as that loop leaves them and the same
     exception propagates.  A bad ``path`` or ``strict`` raises before any
     request is touched.
+
+    ``pure=True``: as in :func:`add_to_attrs`, every pair is checked before
+    anything is written (``values`` a list or tuple of exact ints in int64, of
+    the same length as ``reqs`` under ``strict``), and
+    :class:`kvest.ImpureRequest` raised for the first that fails.
     """
+    cdef bint is_pure = _flag(pure, "pure")
+    if is_pure:
+        pure_reqs(reqs)
+        pure_values(values, "values")
     cdef tuple names = path if _ready(path) else _names(path, "path")
     cdef bint is_strict = _flag(strict, "strict")
+    cdef kw_ctx cx
+    cdef Py_ssize_t bad
     cdef Py_ssize_t n = len(names), j
     cdef kw_step small[SMALL_STEPS]
     cdef kw_step *steps = small
@@ -187,10 +248,19 @@ def max_into_attr(reqs, path, values, *, strict=True):
         steps = <kw_step *>PyMem_Malloc(n * sizeof(kw_step))
         if steps == NULL:
             raise MemoryError()
+    kw_ctx_init(&cx, is_pure)
     try:
         for j in range(n):
             kw_step_init(&steps[j], <PyObject *>names[j])  # names holds them
-        kw_max_all(<PyObject *>reqs, <PyObject *>values, steps, n, is_strict)
+        if is_pure:
+            if is_strict and len(reqs) != len(values):
+                raise impure_argument("values")  # zip's ValueError after the pairs
+            _pure_paths((names,))
+            bad = kw_check_max(&cx, <PyObject *>reqs, <PyObject *>values, steps, n)
+            if bad >= 0:
+                raise impure_request(bad, "written")
+        kw_max_all(&cx, <PyObject *>reqs, <PyObject *>values, steps, n, is_strict)
     finally:
+        kw_ctx_end(&cx)  # collections as they were, whatever happened
         if steps != small:
             PyMem_Free(steps)

@@ -21,6 +21,11 @@
 #define KV_ADDRESS_ORDER 1
 #endif
 
+/* The walk's tuning constants, all here (the benchmark above justifies them).
+ * The least batch that may go in address order (kvest._reqs._address_order
+ * lets the tests lower it): below it a sort costs more than the misses. */
+#define KV_ORDER_MIN 256
+
 /* Whether items[0..m) mostly follow one another closely in memory: at most
  * one step in 8 jumps 2^KV_ORDER_NEAR bytes or more, either way.  Such a
  * batch (requests made one after another, even with the holes an allocator

@@ -8,27 +8,21 @@
  *         except AttributeError: raise AttributeError("reqs[i] has neither ...")
  *
  * How an attribute name is looked up depends on the instance's type, so it is
- * worked out once per type (a kv_layout) and trusted for as long as the type's
- * version tag holds (CPython clears the tag whenever the type or a base
- * changes).  For each name the layout says how to read it:
+ * worked out once per type (a kv_layout, one kv_route per name: reqroute.h,
+ * the core the writers share) and trusted for as long as the type's version
+ * tag holds.  A read is a slot read at a member descriptor's offset, an
+ * instance-dict probe, or the generic lookup.
  *
- *   KV_READ_DICT    the type's getattro is the generic one and its MRO defines
- *                   nothing under the name: generic getattr would look in the
- *                   instance __dict__ only, so the value is a dict probe;
- *   KV_READ_MEMBER  the MRO defines the name as a member descriptor of an
- *                   object slot (a __slots__ entry, e.g. a slots=True
- *                   dataclass field): the value sits at the descriptor's
- *                   offset in the instance (an unset slot reads as missing,
- *                   or as None for T_OBJECT, as the descriptor itself does);
- *   KV_READ_GENERIC anything else (a property or other descriptor, a custom
- *                   __getattr__/__getattribute__): PyObject_GetAttr.
- *
- * Only public CPython structures are read (PyTypeObject, PyMemberDescrObject,
- * PyMemberDef) plus two long-exported lookups (_PyType_Lookup, which the
- * interpreter's own attribute cache is built on, and _PyObject_GetDictPtr);
- * they exist with the same meaning on 3.10 to 3.13.  On 3.11+ the dict probe
- * makes an instance's lazily built __dict__ real, as reading req.__dict__
- * would; requests with many attributes (SGLang's) already have one.
+ * Modes (kv_cache.pure):
+ *   KV_PURE_OFF    the reads above, Python code and all;
+ *   KV_PURE_STRICT never run code of the caller's: a read that would (a
+ *                  generic route, a dict whose keys are not all exact str
+ *                  where the name is not found) gives KV_IMPURE instead, and
+ *                  a dict read misses the learned position only for a scan
+ *                  that compares no key with code of its own (reqroute.h);
+ *   KV_PURE_QUICK  the same, and a dict read that misses the learned
+ *                  position gives KV_IMPURE rather than scan (the
+ *                  address-ordered walk, which then walks in order).
  */
 #ifndef KVEST_REQATTR_H
 #define KVEST_REQATTR_H
@@ -36,24 +30,18 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#include <structmember.h>
 
-#include "typetag.h"
+#include "reqroute.h"
 
-#ifdef Py_RELATIVE_OFFSET
-#define KV_MEMBER_UNUSABLE (PY_AUDIT_READ | Py_RELATIVE_OFFSET)
-#else
-#define KV_MEMBER_UNUSABLE PY_AUDIT_READ
-#endif
-
-enum { KV_READ_DICT = 0, KV_READ_MEMBER = 1, KV_READ_GENERIC = 2 };
+enum { KV_READ_DICT = KV_ROUTE_DICT, KV_READ_MEMBER = KV_ROUTE_MEMBER,
+       KV_READ_GENERIC = KV_ROUTE_GENERIC };
 /* The names read: indices into kv_cache.names and kv_layout.read. */
-enum { KV_COMMITTED = 0, KV_ALLOCATED = 1, KV_NESTED = 2, KV_BEAM = 3, KV_NUM_NAMES = 4 };
+enum { KV_COMMITTED = 0, KV_ALLOCATED = 1, KV_NESTED = 2, KV_BEAM = 3, KV_ROWS = 4,
+       KV_NUM_NAMES = 5 };
+enum { KV_PURE_OFF = 0, KV_PURE_STRICT = 1, KV_PURE_QUICK = 2 };
 
 typedef struct {
-    int how;
-    int none_if_unset; /* T_OBJECT: an unset slot reads as None */
-    Py_ssize_t offset;
+    kv_route route; /* its get is a KV_READ_* */
     /* KV_READ_DICT: where the name sat in the last instance dict that had it
      * (a PyDict_Next position), or -1.  Only a guess: a probe there counts
      * only if the key found is the name itself, else the dict is searched. */
@@ -74,66 +62,40 @@ typedef struct {
     kv_layout slots[KV_CACHE_SLOTS];
     int next;  /* the slot the next new type takes */
     int learn; /* dict scans this call may still make to find a hint */
+    int pure;  /* KV_PURE_* */
+    kv_gc gc;
 } kv_cache;
 
-/* Instances of one class usually build their __dict__ in the same order, so a
- * name sits at the same position in each: hints outlive a call here, keyed by
- * type and version tag (compared, never dereferenced).  They are guesses
- * checked on use, so a stale one costs a search, never a wrong value.  Without
- * a GIL the table would be shared mutable state: hints then live per call. */
-#ifndef Py_GIL_DISABLED
-#define KV_HINT_SLOTS 8
-typedef struct {
-    PyTypeObject *type;
-    unsigned int version;
-    Py_ssize_t hint[KV_NUM_NAMES];
-} kv_hint_entry;
-static kv_hint_entry kv_hints[KV_HINT_SLOTS];
-static int kv_hints_next;
-#endif
-
 static inline void kv_cache_init(kv_cache *c, PyObject *committed, PyObject *allocated,
-                                 PyObject *nested, PyObject *beam)
+                                 PyObject *nested, PyObject *beam, PyObject *rows, int pure)
 {
     memset(c, 0, sizeof(*c));
     c->learn = 4;
+    c->pure = pure;
     c->names[KV_COMMITTED] = committed;
     c->names[KV_ALLOCATED] = allocated;
     c->names[KV_NESTED] = nested;
     c->names[KV_BEAM] = beam;
+    c->names[KV_ROWS] = rows;
+    kv_gc_init(&c->gc);
 }
 
-static void kv_reader_init(kv_reader *r, PyTypeObject *t, PyObject *name)
+/* Collections held off from here (the address-ordered walk), until let. */
+static inline void kv_cache_hold(kv_cache *c)
 {
-    r->how = KV_READ_GENERIC;
-    r->none_if_unset = 0;
-    r->offset = 0;
+    kv_gc_hold(&c->gc);
+}
+
+/* Before the caller's code runs, and when the call ends (reqroute.h). */
+static inline void kv_cache_let(kv_cache *c)
+{
+    kv_gc_let(&c->gc);
+}
+
+static void kv_reader_init(kv_reader *r, PyTypeObject *t, PyObject *name, int pure)
+{
+    kv_route_resolve(&r->route, t, name, pure);
     r->hint = -1;
-    if (t->tp_getattro != PyObject_GenericGetAttr)
-        return;
-    PyObject *descr = _PyType_Lookup(t, name); /* borrowed; never sets an error */
-    if (descr == NULL) {
-        r->how = KV_READ_DICT;
-        return;
-    }
-    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-        PyMemberDescrObject *md = (PyMemberDescrObject *)descr;
-        PyMemberDef *m = md->d_member;
-        /* The subtype check guards against a descriptor copied from an
-         * unrelated class, which generic getattr would refuse (TypeError). */
-        if ((m->type == T_OBJECT_EX || m->type == T_OBJECT)
-            && !(m->flags & KV_MEMBER_UNUSABLE)
-            && PyType_IsSubtype(t, md->d_common.d_type)) {
-            r->how = KV_READ_MEMBER;
-            r->none_if_unset = m->type == T_OBJECT;
-            r->offset = m->offset;
-        }
-    }
-}
-
-static inline int kv_layout_current(const kv_layout *l, PyTypeObject *t)
-{
-    return l->type == t && kv_tag_valid(t) && t->tp_version_tag == l->version;
 }
 
 static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
@@ -146,53 +108,38 @@ static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
         c->next = (c->next + 1) % KV_CACHE_SLOTS;
     }
     for (int k = 0; k < KV_NUM_NAMES; k++)
-        kv_reader_init(&l->read[k], t, c->names[k]);
+        kv_reader_init(&l->read[k], t, c->names[k], c->pure);
     l->type = t;
     /* The lookups assign a version tag if the type can have one; without one
      * the entry is never current and the type is resolved again each time. */
-    l->version = kv_tag_valid(t) ? t->tp_version_tag : 0;
+    l->version = kv_tag_valid(t) ? kv_tag(t) : 0;
     if (!kv_tag_valid(t)) l->type = NULL;
-#ifndef Py_GIL_DISABLED
-    for (int i = 0; l->type && i < KV_HINT_SLOTS; i++)
-        if (kv_hints[i].type == t && kv_hints[i].version == l->version)
-            for (int k = 0; k < KV_NUM_NAMES; k++) l->read[k].hint = kv_hints[i].hint[k];
-#endif
+    if (l->type)
+        for (int k = 0; k < KV_NUM_NAMES; k++)
+            if (l->read[k].route.get == KV_READ_DICT)
+                l->read[k].hint = kv_hint_find(t, l->version, c->names[k]);
     return l;
 }
 
-/* Records where `name` sits in `dict` (which holds it) as l's hint. */
-static void kv_learn_hint(kv_cache *c, kv_layout *l, int which, PyObject *dict)
+/* Records `pos` (where names[which] sits in a dict that holds it) as l's hint. */
+static void kv_keep_hint(kv_cache *c, kv_layout *l, int which, Py_ssize_t pos)
 {
-    Py_ssize_t pos = 0;
-    PyObject *key, *value;
-    c->learn--;
-    while (PyDict_Next(dict, &pos, &key, &value)) {
-        if (key == c->names[which]) {
-            l->read[which].hint = pos - 1;
-#ifndef Py_GIL_DISABLED
-            if (l->type == NULL) return;
-            kv_hint_entry *e = NULL;
-            for (int i = 0; i < KV_HINT_SLOTS; i++)
-                if (kv_hints[i].type == l->type && kv_hints[i].version == l->version)
-                    e = &kv_hints[i];
-            if (e == NULL) {
-                e = &kv_hints[kv_hints_next];
-                kv_hints_next = (kv_hints_next + 1) % KV_HINT_SLOTS;
-                e->type = l->type;
-                e->version = l->version;
-                for (int k = 0; k < KV_NUM_NAMES; k++) e->hint[k] = -1;
-            }
-            e->hint[which] = pos - 1;
-#endif
-            return;
-        }
-    }
+    l->read[which].hint = pos;
+    kv_hint_keep(l->type, l->version, c->names[which], pos);
 }
 
-static inline kv_layout *kv_layout_for(kv_cache *c, PyTypeObject *t)
+/* Finds where names[which] sits in `dict` (which holds it) for l's hint. */
+static void kv_learn_hint(kv_cache *c, kv_layout *l, int which, PyObject *dict)
+{
+    Py_ssize_t pos = kv_dict_position(dict, c->names[which]);
+    c->learn--;
+    if (pos >= 0) kv_keep_hint(c, l, which, pos);
+}
+
+KV_HOT kv_layout *kv_layout_for(kv_cache *c, PyTypeObject *t)
 {
     for (int i = 0; i < KV_CACHE_SLOTS; i++)
-        if (kv_layout_current(&c->slots[i], t)) return &c->slots[i];
+        if (kv_route_current(c->slots[i].type, c->slots[i].version, t)) return &c->slots[i];
     return kv_layout_resolve(c, t);
 }
 
@@ -201,16 +148,14 @@ static inline kv_layout *kv_layout_for(kv_cache *c, PyTypeObject *t)
  * Returns a borrowed reference, or NULL (nothing set) when the answer needs
  * more than that: an unset slot without a default, a dict without the name at
  * the hint, any other kind of lookup.  *dictslot as in kv_read. */
-static inline PyObject *kv_read_pure(kv_cache *c, kv_layout *l, int which, PyObject *obj,
+KV_HOT PyObject *kv_read_fast(kv_cache *c, kv_layout *l, int which, PyObject *obj,
                                      PyObject ***dictslot)
 {
+#if KV_SHORTCUTS
     kv_reader *r = &l->read[which];
-    if (r->how == KV_READ_MEMBER) {
-        PyObject *v = *(PyObject **)((char *)obj + r->offset);
-        return v != NULL ? v : (r->none_if_unset ? Py_None : NULL);
-    }
-    if (r->how == KV_READ_DICT && r->hint >= 0) {
-        if (*dictslot == NULL) *dictslot = _PyObject_GetDictPtr(obj);
+    if (r->route.get == KV_READ_MEMBER) return kv_slot_get(&r->route, obj, c->names[which]);
+    if (r->route.get == KV_READ_DICT && r->hint >= 0) {
+        if (!KV_DICT_CACHED || *dictslot == NULL) *dictslot = kv_dictptr(&c->gc, obj);
         if (*dictslot != NULL && **dictslot != NULL) {
             PyObject *key, *v;
             Py_ssize_t pos = r->hint;
@@ -219,35 +164,52 @@ static inline PyObject *kv_read_pure(kv_cache *c, kv_layout *l, int which, PyObj
             if (PyDict_Next(**dictslot, &pos, &key, &v) && key == c->names[which]) return v;
         }
     }
+#else
+    (void)c;
+    (void)l;
+    (void)which;
+    (void)obj;
+    (void)dictslot;
+#endif
     return NULL;
 }
 
 /* obj.<name> (name: c->names[which]) as generic getattr gives it, read the
  * way l (obj's type's layout) says.  Returns 1 with a new reference in
  * *value, 0 when the attribute is missing (getattr would raise
- * AttributeError; nothing is set), -1 with an exception set.  *dictslot
- * caches where obj keeps its instance dict (NULL: not looked up yet).
- * *ran is set to 1 when the read may have run Python code (a generic
+ * AttributeError; nothing is set), -1 with an exception set, KV_IMPURE (pure
+ * modes only, nothing set) when the read would need code of the caller's.
+ * *dictslot caches where obj keeps its instance dict (NULL: not looked up
+ * yet).  *ran is set to 1 when the read may have run Python code (a generic
  * lookup, or a dict search, which compares colliding keys with their own
  * __eq__): whatever was read before may have changed since. */
-static inline int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
-                          PyObject **value, PyObject ***dictslot, int *ran)
+static int kv_read_slow(kv_cache *c, kv_layout *l, int which, PyObject *obj,
+                        PyObject **value, PyObject ***dictslot, int *ran)
 {
     kv_reader *r = &l->read[which];
-    PyObject *v = kv_read_pure(c, l, which, obj, dictslot), *name = c->names[which];
-    if (v != NULL) {
-        Py_INCREF(v);
-        *value = v;
-        return 1;
-    }
-    if (r->how == KV_READ_MEMBER) return 0; /* an unset slot */
-    if (r->how == KV_READ_DICT) {
-        if (*dictslot == NULL) *dictslot = _PyObject_GetDictPtr(obj);
+    PyObject *v, *name = c->names[which];
+#if KV_SHORTCUTS
+    if (r->route.get == KV_READ_MEMBER) return 0; /* an unset slot */
+    if (r->route.get == KV_READ_DICT) {
+        if (!KV_DICT_CACHED || *dictslot == NULL) *dictslot = kv_dictptr(&c->gc, obj);
         if (*dictslot != NULL) {
             PyObject *dict = **dictslot;
             if (dict == NULL) return 0;
+            if (c->pure) {
+                Py_ssize_t at;
+                int found;
+                /* The quick mode gives up rather than search -- but behind
+                 * the fence nothing else learns where names sit. */
+                if (c->pure == KV_PURE_QUICK && KV_PRIVATE) return KV_IMPURE;
+                found = kv_dict_scan(dict, name, &v, &at);
+                if (found != 1) return found;
+                kv_keep_hint(c, l, which, at);
+                *value = Py_NewRef(v);
+                return 1;
+            }
             /* The probe can run a colliding key's __eq__: hold the dict. */
             *ran = 1;
+            kv_cache_let(c);
             Py_INCREF(dict);
             v = PyDict_GetItemWithError(dict, name);
             Py_XINCREF(v);
@@ -257,9 +219,16 @@ static inline int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
             *value = v;
             return 1;
         }
-        /* No instance dict to read: the generic lookup says what is missing. */
+        /* No instance dict to read: the generic lookup raises AttributeError
+         * and runs nothing else (the route is generic getattr's). */
+        if (c->pure) return 0;
     }
+#else
+    (void)r;
+#endif
+    if (c->pure) return KV_IMPURE;
     *ran = 1;
+    kv_cache_let(c);
     v = PyObject_GetAttr(obj, name);
     if (v == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
@@ -268,6 +237,20 @@ static inline int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
     }
     *value = v;
     return 1;
+}
+
+/* kv_read_slow after the fast read (a slot, the dict entry at its hint): the
+ * usual case inline, the rest out of line. */
+KV_HOT int kv_read(kv_cache *c, kv_layout *l, int which, PyObject *obj,
+                          PyObject **value, PyObject ***dictslot, int *ran)
+{
+    PyObject *v = kv_read_fast(c, l, which, obj, dictslot);
+    if (v != NULL) {
+        Py_INCREF(v);
+        *value = v;
+        return 1;
+    }
+    return kv_read_slow(c, l, which, obj, value, dictslot, ran);
 }
 
 /* obj.<c->names[which]> as kv_read gives it; *pure says whether reading it ran
@@ -280,13 +263,6 @@ static inline int kv_get(kv_cache *c, PyObject *obj, int which, PyObject **value
     int found = kv_read(c, l, which, obj, value, &dictslot, &ran);
     *pure = !ran;
     return found;
-}
-
-/* obj.<c->names[which]> as kv_read_pure gives it (borrowed, or NULL). */
-static inline PyObject *kv_get_pure(kv_cache *c, PyObject *obj, int which)
-{
-    PyObject **dictslot = NULL;
-    return kv_read_pure(c, kv_layout_for(c, Py_TYPE(obj)), which, obj, &dictslot);
 }
 
 /* Where a request's lengths are looked for. */
@@ -316,10 +292,11 @@ static inline void kv_req_forget(kv_req_state *st)
 }
 
 /* Outcome of reading one length of one request. */
-enum { KV_LEN_ERROR = -1, KV_LEN_MISSING = 0, KV_LEN_OK = 1, KV_LEN_VALUE = 2 };
+enum { KV_LEN_IMPURE = -2, KV_LEN_ERROR = -1, KV_LEN_MISSING = 0, KV_LEN_OK = 1,
+       KV_LEN_VALUE = 2 };
 
 /* Whether v is an exact int in [0, 2^63), with its value in *length. */
-static inline int kv_exact_length(PyObject *v, int64_t *length)
+KV_HOT int kv_exact_length(PyObject *v, int64_t *length)
 {
     if (!PyLong_CheckExact(v)) return 0;
     int overflow = 0;
@@ -332,11 +309,12 @@ static inline int kv_exact_length(PyObject *v, int64_t *length)
 /* req.<which> read where `at` says.  KV_LEN_OK: *length holds it (an exact
  * int in [0, 2^63)).  KV_LEN_VALUE: *value holds a new reference to a value
  * the Python input rule must judge (not an exact int, or negative, or too
- * large).  KV_LEN_MISSING: not there.  req.kv is kept in st->kv between the
+ * large).  KV_LEN_MISSING: not there.  KV_LEN_IMPURE (pure modes): reading it
+ * would run code of the caller's.  req.kv is kept in st->kv between the
  * reads of one request only while no Python code can have run (no generic
  * lookup, no dict search that compares keys), so that reading it again would
  * give the same object. */
-static inline int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
+KV_HOT int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
                                 kv_req_state *st, int64_t *length, PyObject **value)
 {
     PyObject *v = NULL, *nested, *owned = NULL, **kvslot = NULL;
@@ -346,7 +324,7 @@ static inline int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
         l = kv_layout_for(c, Py_TYPE(req));
         found = kv_read(c, l, which, req, &v, &st->dictslot, &ran);
         if (ran) kv_req_forget(st);
-        if (found < 0) return KV_LEN_ERROR;
+        if (found < 0) return found == KV_IMPURE ? KV_LEN_IMPURE : KV_LEN_ERROR;
         if (!found && at == KV_AT_FLAT) return KV_LEN_MISSING;
     }
     if (!found) {
@@ -355,7 +333,7 @@ static inline int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
             l = kv_layout_for(c, Py_TYPE(req));
             ran = 0;
             found = kv_read(c, l, KV_NESTED, req, &owned, &st->dictslot, &ran);
-            if (found < 0) return KV_LEN_ERROR;
+            if (found < 0) return found == KV_IMPURE ? KV_LEN_IMPURE : KV_LEN_ERROR;
             if (!found) return KV_LEN_MISSING;
             nested = owned;
             if (!ran) { /* st takes the reference */
@@ -368,7 +346,7 @@ static inline int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
         found = kv_read(c, l, which, nested, &v, &kvslot, &ran);
         Py_XDECREF(owned);
         if (ran) kv_req_forget(st);
-        if (found < 0) return KV_LEN_ERROR;
+        if (found < 0) return found == KV_IMPURE ? KV_LEN_IMPURE : KV_LEN_ERROR;
         if (!found) return KV_LEN_MISSING;
     }
     if (kv_exact_length(v, length)) {
@@ -377,36 +355,6 @@ static inline int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
     }
     *value = v;
     return KV_LEN_VALUE;
-}
-
-/* req.<which> read where `at` says, when that runs no Python code (see
- * kv_read_pure) and the value is an exact int in [0, 2^63): 1 with *length,
- * else 0 (nothing set, nothing changed but *kv and *dictslot): the caller
- * reads the request the full way.  KV_AT_EITHER takes req.<which> only:
- * a miss at the hint does not prove it missing.  *kv: req.kv
- * (a new reference) once read, for the caller to release after the request;
- * *dictslot as in kv_read. */
-static inline int kv_req_length_pure(kv_cache *c, PyObject *req, int which, int at,
-                                     PyObject **kv, PyObject ***dictslot, int64_t *length)
-{
-    PyObject *v, **kvslot = NULL;
-    if (at != KV_AT_NESTED) {
-        v = kv_read_pure(c, kv_layout_for(c, Py_TYPE(req)), which, req, dictslot);
-    } else {
-        if (*kv == NULL) {
-            PyObject *nested = kv_read_pure(c, kv_layout_for(c, Py_TYPE(req)), KV_NESTED, req,
-                                            dictslot);
-            if (nested == NULL) return 0;
-            /* Held: making its instance dict real below may collect garbage,
-             * and a finalizer may rebind req.kv. */
-            Py_INCREF(nested);
-            *kv = nested;
-        }
-        v = kv_read_pure(c, kv_layout_for(c, Py_TYPE(*kv)), which, *kv, &kvslot);
-    }
-    if (v == NULL) return 0;
-    /* v is borrowed: nothing runs between its read and this use. */
-    return kv_exact_length(v, length);
 }
 
 #endif

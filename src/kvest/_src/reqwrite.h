@@ -9,40 +9,23 @@
  *
  * Every attribute read is getattr(obj, name) and every write setattr(obj,
  * name, value): each one goes the route CPython's generic getattr/setattr
- * would take, and takes a shortcut only when that route is proven:
+ * would take (reqroute.h, the route core the readers share), and takes a
+ * shortcut (a slot at its offset, an instance-dict entry) only where that
+ * route is proven.  A miss on a shortcut (no instance dict, the name not in
+ * it, an unset slot) falls back to the generic call, which then raises what
+ * Python raises.  The route is worked out once per path step and type, and
+ * trusted only while the type's version tag is the one it was worked out
+ * under; it is checked right before every read and every write, so Python
+ * code run in between (an __add__, a property) can never leave a stale route
+ * in use.  No int object is ever changed: a sum is a new int, as CPython's
+ * `+=` makes it.
  *
- *   KW_DICT    the type's getattro (for reads) or setattro (for writes) is the
- *              generic one and no class in the MRO defines the name: the
- *              value lives in the instance __dict__, so a dict probe or
- *              PyDict_SetItem is exactly what the generic code does;
- *   KW_MEMBER  the MRO defines the name as a member descriptor of an object
- *              slot (a __slots__ entry, a slots=True dataclass field): the
- *              value sits at the descriptor's offset, read or replaced there
- *              exactly as the descriptor's __get__/__set__ do;
- *   KW_GENERIC anything else (a property or any other descriptor, a custom
- *              __getattr__/__getattribute__/__setattr__, a read-only member,
- *              a str subclass as the name): PyObject_GetAttr/PyObject_SetAttr.
- *
- * A miss on a shortcut (no instance dict, the name not in it, an unset slot)
- * falls back to the generic call, which then raises what Python raises.  The
- * route is worked out once per path step and type, and trusted only while the
- * type's version tag is the one it was worked out under (CPython changes the
- * tag whenever the type or a base changes); it is checked right before every
- * read and every write, so Python code run in between (an __add__, a
- * property) can never leave a stale route in use.  Without a GIL a slot or
- * dict written behind the interpreter's back would race: there every access
- * is generic.
- *
- * One shortcut changes an object rather than a place: `x += d` on an exact
- * int that nothing but its slot or dict entry refers to adds to the int itself
- * (kw_bump), where CPython would make a new int and free the old one.  With
- * one reference there is no name, container or cache to see the difference.
- * This reads and writes PyLongObject's digit (cpython/longintrepr.h), the one
- * internal structure used here, under version checks for 3.10 to 3.13.
- *
- * Otherwise only public CPython structures are read (PyTypeObject, PyMemberDescrObject,
- * PyMemberDef) plus two long-exported lookups (_PyType_Lookup, which the
- * generic getattr itself uses, and _PyObject_GetDictPtr), as in reqattr.h.
+ * Pure mode (kw_ctx.pure, the writers' pure=True): every read is one that
+ * runs no code of the caller's (a slot, an instance-dict entry found without
+ * a lookup), and the whole batch is checked (kw_check_add / kw_check_max)
+ * before anything is written: each owner read so, each value an exact int in
+ * int64, each store a slot or a dict whose keys are all exact str.  Only then
+ * do the writes run, and they run nothing of the caller's and raise nothing.
  */
 #ifndef KVEST_REQWRITE_H
 #define KVEST_REQWRITE_H
@@ -50,62 +33,39 @@
 #include <Python.h>
 #include <limits.h>
 #include <string.h>
-#include <structmember.h>
 
-#include "typetag.h"
-#if PY_VERSION_HEX < 0x030B0000
-#include <longintrepr.h> /* PyLongObject's digits, for kw_bump */
-#endif
-
-/* kw_bump: on unless a build asks otherwise (the benchmarks' comparison),
- * and never without a GIL (a reference count alone proves nothing there). */
-#if !defined(KVEST_NO_BUMP_IN_PLACE) && !defined(Py_GIL_DISABLED)
-#define KW_BUMP 1
-#else
-#define KW_BUMP 0
-#endif
-
-#ifdef Py_RELATIVE_OFFSET
-#define KW_MEMBER_UNUSABLE Py_RELATIVE_OFFSET
-#else
-#define KW_MEMBER_UNUSABLE 0
-#endif
-
-enum { KW_GENERIC = 0, KW_DICT = 1, KW_MEMBER = 2 };
-
-/* Values kw_bump leaves alone: CPython shares the ints below this one. */
-#define KW_BUMP_LOW 257
+#include "reqroute.h"
 
 /* One attribute name of one path, with the route last worked out for it. */
 typedef struct {
     PyObject *name;     /* borrowed: the caller's normalised paths hold it */
     PyTypeObject *type; /* borrowed, compared only; NULL: nothing worked out */
     unsigned int version;
-    unsigned char get, set; /* KW_* */
-    unsigned char none_if_unset; /* T_OBJECT: an unset slot reads as None */
-    Py_ssize_t offset;  /* KW_MEMBER */
-    /* KW_DICT: where the name sat in the last instance dict that had it (a
-     * PyDict_Next position), or -1.  Only a guess: a probe there counts only
-     * if the key found is the name itself. */
+    kv_route route;
+    /* KV_ROUTE_DICT: where the name sat in the last instance dict that had
+     * it (a PyDict_Next position), or -1; checked on use (reqroute.h). */
     Py_ssize_t hint;
 } kw_step;
 
-/* Instances of one class build their __dict__ in the same order, so a name
- * sits at the same position in each: hints outlive a call here, keyed by
- * type, version tag and name (compared, never dereferenced).  A stale one
- * costs a search, never a wrong value.  (Without a GIL every access is
- * generic, and this table is never used.) */
-#define KW_HINT_SLOTS 16
+/* What one call shares: its collector hold, its mode, its hint budget. */
 typedef struct {
-    PyTypeObject *type;
-    unsigned int version;
-    PyObject *name;
-    Py_ssize_t hint;
-} kw_hint_entry;
-static kw_hint_entry kw_hints[KW_HINT_SLOTS];
-static int kw_hints_next;
-/* Dict scans one call may still make to find a hint (each reads the whole dict). */
-static int kw_learn_budget;
+    kv_gc gc;
+    int pure;  /* pure mode: reads that run no code of the caller's */
+    int learn; /* dict scans this call may still make to find a hint */
+} kw_ctx;
+
+static inline void kw_ctx_init(kw_ctx *cx, int pure)
+{
+    kv_gc_init(&cx->gc);
+    cx->pure = pure;
+    cx->learn = 4;
+}
+
+/* When the call ends, whatever happened: collections as they were. */
+static inline void kw_ctx_end(kw_ctx *cx)
+{
+    kv_gc_let(&cx->gc);
+}
 
 /* Whether a str is interned (the paths' names are, so that dict probes find
  * keys by identity and writes keep the keys the generic setattr would). */
@@ -121,90 +81,33 @@ static inline void kw_step_init(kw_step *s, PyObject *name)
     s->hint = -1;
 }
 
-static void kw_resolve(kw_step *s, PyTypeObject *t)
+static void kw_resolve(kw_step *s, PyTypeObject *t, int pure)
 {
     s->type = NULL;
-    s->get = s->set = KW_GENERIC;
-    s->none_if_unset = 0;
-    s->offset = 0;
     s->hint = -1;
-#ifndef Py_GIL_DISABLED
-    /* A str subclass may hash and compare its own way: only the generic
-     * lookups know what it means. */
-    if (!PyUnicode_CheckExact(s->name)) return;
-    int get_generic = t->tp_getattro == PyObject_GenericGetAttr;
-    int set_generic = t->tp_setattro == PyObject_GenericSetAttr;
-    if (get_generic || set_generic) {
-        PyObject *descr = _PyType_Lookup(t, s->name); /* borrowed; sets no error */
-        if (descr == NULL) {
-            if (get_generic) s->get = KW_DICT;
-            if (set_generic) s->set = KW_DICT;
-        } else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-            PyMemberDescrObject *md = (PyMemberDescrObject *)descr;
-            PyMemberDef *m = md->d_member;
-            /* The subtype check: a descriptor copied from an unrelated class
-             * makes the generic code raise TypeError. */
-            if ((m->type == T_OBJECT_EX || m->type == T_OBJECT)
-                && !(m->flags & KW_MEMBER_UNUSABLE)
-                && PyType_IsSubtype(t, md->d_common.d_type)) {
-                s->offset = m->offset;
-                s->none_if_unset = m->type == T_OBJECT;
-                if (get_generic && !(m->flags & PY_AUDIT_READ)) s->get = KW_MEMBER;
-                if (set_generic && !(m->flags & READONLY)) s->set = KW_MEMBER;
-            }
-        }
-    }
+    kv_route_resolve(&s->route, t, s->name, pure);
     /* The lookup assigns a version tag if the type can have one; without one
      * the route is worked out again before each use. */
     if (kv_tag_valid(t)) {
         s->type = t;
-        s->version = t->tp_version_tag;
-        for (int i = 0; i < KW_HINT_SLOTS; i++)
-            if (kw_hints[i].type == t && kw_hints[i].version == s->version
-                && kw_hints[i].name == s->name)
-                s->hint = kw_hints[i].hint;
+        s->version = kv_tag(t);
+        if (s->route.get == KV_ROUTE_DICT || s->route.set == KV_ROUTE_DICT)
+            s->hint = kv_hint_find(t, s->version, s->name);
     }
-#endif
 }
 
-/* Records where s->name sits in dict (which holds it) as s's hint. */
-static void kw_learn(kw_step *s, PyObject *dict)
+static inline void kw_route(const kw_ctx *cx, kw_step *s, PyTypeObject *t)
 {
-#ifndef Py_GIL_DISABLED
-    Py_ssize_t pos = 0;
-    PyObject *key, *value;
-    kw_learn_budget--;
-    while (PyDict_Next(dict, &pos, &key, &value)) {
-        if (key != s->name) continue;
-        s->hint = pos - 1;
-        if (s->type == NULL) return;
-        kw_hint_entry *e = NULL;
-        for (int i = 0; i < KW_HINT_SLOTS; i++)
-            if (kw_hints[i].type == s->type && kw_hints[i].version == s->version
-                && kw_hints[i].name == s->name)
-                e = &kw_hints[i];
-        if (e == NULL) {
-            e = &kw_hints[kw_hints_next];
-            kw_hints_next = (kw_hints_next + 1) % KW_HINT_SLOTS;
-        }
-        e->type = s->type;
-        e->version = s->version;
-        e->name = s->name;
-        e->hint = s->hint;
-        return;
-    }
-#else
-    (void)s;
-    (void)dict;
-#endif
+    if (!kv_route_current(s->type, s->version, t)) kw_resolve(s, t, cx->pure);
 }
 
-static inline void kw_route(kw_step *s, PyTypeObject *t)
+static inline void kw_keep(kw_step *s, Py_ssize_t pos)
 {
-    if (!(s->type == t && kv_tag_valid(t) && t->tp_version_tag == s->version))
-        kw_resolve(s, t);
+    s->hint = pos;
+    kv_hint_keep(s->type, s->version, s->name, pos);
 }
 
+#if KV_SHORTCUTS
 /* dict's value for s->name when it sits at s's hint (borrowed), else NULL.
  * Keys are unique: the name found at the hint is the dict's entry for it.
  * PyDict_Next reads without running any code. */
@@ -215,55 +118,85 @@ static inline PyObject *kw_at_hint(const kw_step *s, PyObject *dict)
     if (pos >= 0 && PyDict_Next(dict, &pos, &key, &v) && key == s->name) return v;
     return NULL;
 }
+#endif
 
-/* getattr(obj, s->name): a new reference, or NULL with the exception set.
- * *pure is cleared unless the read ran no Python code at all (a slot, or
- * the dict entry found at the hint), so that reading it again would give the
- * same object. */
-static inline PyObject *kw_get(kw_step *s, PyObject *obj, int *pure)
+/* getattr(obj, s->name): a new reference, or NULL with the exception set --
+ * or, in pure mode, NULL with nothing set when the read would need code of
+ * the caller's (or would raise).  *pure is cleared unless the read ran no
+ * Python code at all, so that reading it again would give the same object. */
+static inline PyObject *kw_get(kw_ctx *cx, kw_step *s, PyObject *obj, int *pure)
 {
-    kw_route(s, Py_TYPE(obj));
-    if (s->get == KW_MEMBER) {
-        PyObject *v = *(PyObject **)((char *)obj + s->offset);
+    kw_route(cx, s, Py_TYPE(obj));
+#if KV_SHORTCUTS
+    if (s->route.get == KV_ROUTE_MEMBER) {
+        PyObject *v = kv_slot_get(&s->route, obj, s->name);
         if (v != NULL) return Py_NewRef(v);
-        if (s->none_if_unset) return Py_NewRef(Py_None);
-    } else if (s->get == KW_DICT) {
-        PyObject **dictptr = _PyObject_GetDictPtr(obj);
+    } else if (s->route.get == KV_ROUTE_DICT) {
+        PyObject **dictptr = kv_dictptr(&cx->gc, obj);
         if (dictptr != NULL && *dictptr != NULL) {
             PyObject *dict = *dictptr, *v = kw_at_hint(s, dict);
             if (v != NULL) return Py_NewRef(v);
+            if (cx->pure) {
+                Py_ssize_t at;
+                if (kv_dict_scan(dict, s->name, &v, &at) != 1) return NULL;
+                kw_keep(s, at);
+                return Py_NewRef(v);
+            }
             *pure = 0;
+            kv_gc_let(&cx->gc);
             /* The probe can run a colliding key's __eq__: hold the dict. */
             Py_INCREF(dict);
             v = PyDict_GetItemWithError(dict, s->name); /* borrowed */
             Py_XINCREF(v);
-            if (v != NULL && kw_learn_budget > 0) kw_learn(s, dict);
+            if (v != NULL && cx->learn > 0) {
+                cx->learn--;
+                Py_ssize_t at = kv_dict_position(dict, s->name);
+                if (at >= 0) kw_keep(s, at);
+            }
             Py_DECREF(dict);
             if (v != NULL || PyErr_Occurred()) return v;
         }
     }
+#endif
+    if (cx->pure) return NULL;
     *pure = 0;
+    kv_gc_let(&cx->gc);
     return PyObject_GetAttr(obj, s->name);
 }
 
 /* setattr(obj, s->name, value): 0, or -1 with the exception set.  *pure is
  * cleared unless the write ran no Python code (a slot whose old value was
  * NULL or an exact int, whose release runs nothing). */
-static inline int kw_set(kw_step *s, PyObject *obj, PyObject *value, int *pure)
+static inline int kw_set(kw_ctx *cx, kw_step *s, PyObject *obj, PyObject *value, int *pure)
 {
-    kw_route(s, Py_TYPE(obj));
-    if (s->set == KW_MEMBER) {
+    kw_route(cx, s, Py_TYPE(obj));
+#if KV_SHORTCUTS
+    if (s->route.set == KV_ROUTE_MEMBER) {
+#if !KV_PRIVATE
+        /* The member descriptor's own set: behind the fence, routes are taken
+         * in pure mode only, whose check proved the old value an exact int. */
+        return PyObject_SetAttr(obj, s->name, value);
+#endif
         /* What the member descriptor's __set__ does (PyMember_SetOne). */
-        PyObject **slot = (PyObject **)((char *)obj + s->offset);
+        PyObject **slot = (PyObject **)((char *)obj + s->route.offset);
         PyObject *old = *slot;
-        if (old != NULL && !PyLong_CheckExact(old)) *pure = 0;
+        if (old != NULL && !PyLong_CheckExact(old)) {
+            *pure = 0;
+            kv_gc_let(&cx->gc); /* its release may run a finalizer */
+        }
         *slot = Py_NewRef(value);
         Py_XDECREF(old);
         return 0;
     }
-    *pure = 0;
-    if (s->set == KW_DICT) {
-        PyObject **dictptr = _PyObject_GetDictPtr(obj);
+    if (!cx->pure) {
+        /* The store compares keys (a colliding key's own __eq__) and
+         * releases the old value (its finalizer): pure mode checked both. */
+        *pure = 0;
+        kv_gc_let(&cx->gc);
+    }
+    if (s->route.set == KV_ROUTE_DICT) {
+        PyObject **dictptr = kv_dictptr(&cx->gc, obj);
+        if (!cx->pure) kv_gc_let(&cx->gc);
         if (dictptr != NULL && *dictptr != NULL) {
             PyObject *dict = Py_NewRef(*dictptr);
             int rc = PyDict_SetItem(dict, s->name, value);
@@ -271,16 +204,28 @@ static inline int kw_set(kw_step *s, PyObject *obj, PyObject *value, int *pure)
             return rc;
         }
     }
+#endif
+    *pure = 0;
+    kv_gc_let(&cx->gc);
     return PyObject_SetAttr(obj, s->name, value);
 }
 
+/* A pure-mode read that the check said would succeed, and did not. */
+static PyObject *kw_unexpected(PyObject *v)
+{
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_SystemError, "kvest: a request checked for pure mode changed");
+    return v;
+}
+
 /* req.<steps[0]>...<steps[n-2]>: the object holding the path's last name (a
- * new reference), or NULL with the exception set. */
-static inline PyObject *kw_owner(kw_step *steps, Py_ssize_t n, PyObject *req, int *pure)
+ * new reference), or NULL with the exception set (pure mode: maybe not). */
+static inline PyObject *kw_owner(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+                                 int *pure)
 {
     PyObject *obj = Py_NewRef(req);
     for (Py_ssize_t i = 0; i + 1 < n; i++) {
-        PyObject *next = kw_get(&steps[i], obj, pure);
+        PyObject *next = kw_get(cx, &steps[i], obj, pure);
         Py_DECREF(obj);
         if (next == NULL) return NULL;
         obj = next;
@@ -312,82 +257,64 @@ static inline void kw_delta_init(kw_delta *dl, PyObject *delta)
     }
 }
 
+/* Whether v is an exact int in int64. */
+static inline int kw_int64(PyObject *v)
+{
+    int overflow = 0;
+    if (!PyLong_CheckExact(v)) return 0;
+    (void)PyLong_AsLongLongAndOverflow(v, &overflow);
+    return !overflow;
+}
+
 /* operator.iadd(v, delta), as `x.a += delta` computes it; *pure cleared
- * when Python's operator ran (which may run any code). */
-static inline PyObject *kw_iadd(PyObject *v, const kw_delta *dl, int *pure)
+ * when Python's operator ran (which may run any code).  The sum is always a
+ * new int (or a shared small one), made while v is still held, as CPython's
+ * own `+=` makes it: no int object is ever changed. */
+static inline PyObject *kw_iadd(kw_ctx *cx, PyObject *v, const kw_delta *dl, int *pure)
 {
     if (dl->fast && PyLong_CheckExact(v)) {
         int overflow = 0;
         long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
         long long d = dl->d;
-        if (!overflow && !(d > 0 && x > LLONG_MAX - d) && !(d < 0 && x < LLONG_MIN - d))
+        if (!overflow && !(d > 0 && x > LLONG_MAX - d) && !(d < 0 && x < LLONG_MIN - d)) {
+            kv_gc_hold(&cx->gc); /* the new int's allocation collects nothing */
             return PyLong_FromLongLong(x + d);
+        }
+    }
+    if (PyLong_CheckExact(v) && PyLong_CheckExact(dl->delta)) { /* int's own add: no code */
+        kv_gc_hold(&cx->gc);
+        return PyNumber_InPlaceAdd(v, dl->delta);
     }
     *pure = 0;
+    kv_gc_let(&cx->gc);
     return PyNumber_InPlaceAdd(v, dl->delta);
 }
 
-/* `v += d` done to v itself, where nothing can tell: v is an exact int that
- * only its holder refers to (one reference, so no name, container or cache
- * can see it change; CPython's own `+=` would free it and make a new int,
- * maybe at the same address), old and new value are one digit each and
- * above the shared small ints.  1 when done, 0 when `+=` must make a new int. */
-static inline int kw_bump(PyObject *v, long long d)
+/* Pure mode: whether `req.<path> op= ...` (n steps) reads and stores with no
+ * code of the caller's and without raising: each owner read so, the value an
+ * exact int in int64, the store a slot or a dict whose keys are all exact str
+ * (its search then compares none with code of its own). */
+static int kw_check_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req)
 {
-#if !KW_BUMP
-    (void)v;
-    (void)d;
-    return 0;
-#else
-    if (!PyLong_CheckExact(v) || Py_REFCNT(v) != 1) return 0;
-    PyLongObject *l = (PyLongObject *)v;
-    long long x;
-#if PY_VERSION_HEX >= 0x030C0000
-    if (!_PyLong_IsCompact(l)) return 0;
-    x = (long long)_PyLong_CompactValue(l);
-#else
-    if (Py_SIZE(v) != 1) return 0;
-    x = (long long)l->ob_digit[0];
+    int pure = 1, ok = 0;
+    PyObject *obj = kw_owner(cx, steps, n, req, &pure), *v;
+    if (obj == NULL) return 0;
+    kw_step *s = &steps[n - 1];
+    v = kw_get(cx, s, obj, &pure);
+    if (v != NULL && kw_int64(v)) {
+        /* kw_get left s's route current for obj's type. */
+#if KV_SHORTCUTS
+        if (s->route.set == KV_ROUTE_MEMBER && s->route.get == KV_ROUTE_MEMBER) {
+            ok = 1;
+        } else if (s->route.set == KV_ROUTE_DICT && s->route.get == KV_ROUTE_DICT) {
+            PyObject **dictptr = kv_dictptr(&cx->gc, obj);
+            ok = dictptr != NULL && *dictptr != NULL && kv_dict_str_keys(*dictptr);
+        }
 #endif
-    /* One digit: x <= PyLong_MASK < 2^30, so neither bound overflows. */
-    if (x < KW_BUMP_LOW || d < KW_BUMP_LOW - x || d > (long long)PyLong_MASK - x) return 0;
-#if PY_VERSION_HEX >= 0x030C0000
-    l->long_value.ob_digit[0] = (digit)(x + d); /* the sign and size stay */
-#else
-    l->ob_digit[0] = (digit)(x + d);
-#endif
-    return 1;
-#endif
-}
-
-/* `obj.<s->name> += d` by kw_bump, where the route proves that the value read
- * and the value written are one place (a slot, or the instance-dict entry at
- * the hint): 1 when done, 0 when the statement must run its general way. */
-static inline int kw_add_in_place(kw_step *s, PyObject *obj, const kw_delta *dl)
-{
-#if !KW_BUMP
-    (void)s;
-    (void)obj;
-    (void)dl;
-    return 0;
-#else
-    if (!dl->fast) return 0;
-    kw_route(s, Py_TYPE(obj));
-    if (s->get == KW_MEMBER && s->set == KW_MEMBER) {
-        PyObject *v = *(PyObject **)((char *)obj + s->offset);
-        return v != NULL && kw_bump(v, dl->d);
     }
-#if PY_VERSION_HEX < 0x030C0000
-    /* 3.12 lets C code watch a dict's writes; before, an entry whose value
-     * object is changed in place is the dict unchanged. */
-    if (s->get == KW_DICT && s->set == KW_DICT && s->hint >= 0) {
-        PyObject **dictptr = _PyObject_GetDictPtr(obj);
-        PyObject *v = dictptr != NULL && *dictptr != NULL ? kw_at_hint(s, *dictptr) : NULL;
-        return v != NULL && kw_bump(v, dl->d);
-    }
-#endif
-    return 0;
-#endif
+    Py_XDECREF(v);
+    Py_DECREF(obj);
+    return ok;
 }
 
 /* `req.<path> += delta` for one path of n steps: 0, or -1 with the exception
@@ -396,29 +323,28 @@ static inline int kw_add_in_place(kw_step *s, PyObject *obj, const kw_delta *dl)
  * Python code has run since it was read, so reading them again would give
  * it), read afresh otherwise.  On return *owner holds it (a new reference,
  * or NULL) and *pure says whether no Python code has run since it was read. */
-static inline int kw_add_path(kw_step *steps, Py_ssize_t n, PyObject *req, const kw_delta *dl,
-                              PyObject **owner, int reuse, int *pure)
+static inline int kw_add_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+                              const kw_delta *dl, PyObject **owner, int reuse, int *pure)
 {
     if (!(reuse && *owner != NULL && *pure)) {
         Py_CLEAR(*owner);
         *pure = 1;
-        *owner = kw_owner(steps, n, req, pure);
+        *owner = kw_unexpected(kw_owner(cx, steps, n, req, pure));
         if (*owner == NULL) return -1;
     }
     PyObject *obj = *owner;
-    if (kw_add_in_place(&steps[n - 1], obj, dl)) return 0;
-    PyObject *v = kw_get(&steps[n - 1], obj, pure);
+    PyObject *v = kw_unexpected(kw_get(cx, &steps[n - 1], obj, pure));
     if (v == NULL) return -1;
-    PyObject *sum = kw_iadd(v, dl, pure);
+    PyObject *sum = kw_iadd(cx, v, dl, pure);
     Py_DECREF(v);
     if (sum == NULL) return -1;
-    int rc = kw_set(&steps[n - 1], obj, sum, pure);
+    int rc = kw_set(cx, &steps[n - 1], obj, sum, pure);
     Py_DECREF(sum);
     return rc;
 }
 
 /* builtins.max(cur, v) (a new reference): v if v > cur is true, else cur. */
-static inline PyObject *kw_max(PyObject *cur, PyObject *v, int *pure)
+static inline PyObject *kw_max(kw_ctx *cx, PyObject *cur, PyObject *v, int *pure)
 {
     if (PyLong_CheckExact(cur) && PyLong_CheckExact(v)) {
         int o1 = 0, o2 = 0;
@@ -427,6 +353,7 @@ static inline PyObject *kw_max(PyObject *cur, PyObject *v, int *pure)
         if (!o1 && !o2) return Py_NewRef(b > a ? v : cur);
     }
     *pure = 0;
+    kv_gc_let(&cx->gc);
     int gt = PyObject_RichCompareBool(v, cur, Py_GT);
     if (gt < 0) return NULL;
     return Py_NewRef(gt ? v : cur);
@@ -436,17 +363,18 @@ static inline PyObject *kw_max(PyObject *cur, PyObject *v, int *pure)
  * to the owner read again for the store -- unless no Python code ran since
  * it was read, when reading it again would give the same object.  0, or -1
  * with the exception set. */
-static inline int kw_max_path(kw_step *steps, Py_ssize_t n, PyObject *req, PyObject *v)
+static inline int kw_max_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+                              PyObject *v)
 {
     int pure = 1;
-    PyObject *obj = kw_owner(steps, n, req, &pure);
+    PyObject *obj = kw_unexpected(kw_owner(cx, steps, n, req, &pure));
     if (obj == NULL) return -1;
-    PyObject *cur = kw_get(&steps[n - 1], obj, &pure);
+    PyObject *cur = kw_unexpected(kw_get(cx, &steps[n - 1], obj, &pure));
     if (cur == NULL) {
         Py_DECREF(obj);
         return -1;
     }
-    PyObject *m = kw_max(cur, v, &pure);
+    PyObject *m = kw_max(cx, cur, v, &pure);
     Py_DECREF(cur); /* an exact int when pure: its release runs nothing */
     if (m == NULL) {
         Py_DECREF(obj);
@@ -454,33 +382,54 @@ static inline int kw_max_path(kw_step *steps, Py_ssize_t n, PyObject *req, PyObj
     }
     if (!pure) {
         Py_DECREF(obj);
-        obj = kw_owner(steps, n, req, &pure);
+        obj = kw_unexpected(kw_owner(cx, steps, n, req, &pure));
         if (obj == NULL) {
             Py_DECREF(m);
             return -1;
         }
     }
-    int rc = kw_set(&steps[n - 1], obj, m, &pure);
+    int rc = kw_set(cx, &steps[n - 1], obj, m, &pure);
     Py_DECREF(m);
     Py_DECREF(obj);
     return rc;
+}
+
+/* seq[pos] of an exact list or tuple, pos below the size just read: a new
+ * reference, or NULL (nothing set) when the list has shrunk since.  Without
+ * a GIL another thread may shrink the list between the size and the read:
+ * PyList_GetItemRef checks and takes the reference at once. */
+static inline PyObject *kw_item(PyObject *seq, Py_ssize_t pos)
+{
+    if (PyList_CheckExact(seq)) {
+#ifdef Py_GIL_DISABLED
+        PyObject *x = PyList_GetItemRef(seq, pos);
+        if (x == NULL) PyErr_Clear(); /* an IndexError: the list shrank */
+        return x;
+#else
+        return Py_NewRef(PyList_GET_ITEM(seq, pos));
+#endif
+    }
+    return Py_NewRef(PyTuple_GET_ITEM(seq, pos));
 }
 
 /* The next item of a loop over seq, as a for loop (or zip) takes it: an exact
  * list or tuple is indexed, its size read every time as its iterator does;
  * anything else goes through `it`, its iterator.  1 with a new reference in
  * *item, 0 when exhausted, -1 with the exception set. */
-static inline int kw_next(PyObject *seq, PyObject *it, Py_ssize_t *pos, PyObject **item)
+static inline int kw_next(kw_ctx *cx, PyObject *seq, PyObject *it, Py_ssize_t *pos,
+                          PyObject **item)
 {
     if (it == NULL) {
         int is_list = PyList_CheckExact(seq);
         Py_ssize_t size = is_list ? PyList_GET_SIZE(seq) : PyTuple_GET_SIZE(seq);
         if (*pos >= size) return 0;
         /* A reference of our own: the caller's code may drop the list's. */
-        *item = Py_NewRef(is_list ? PyList_GET_ITEM(seq, *pos) : PyTuple_GET_ITEM(seq, *pos));
+        *item = kw_item(seq, *pos);
+        if (*item == NULL) return 0; /* shrunk meanwhile: the iterator stops */
         (*pos)++;
         return 1;
     }
+    kv_gc_let(&cx->gc); /* the iterator is the caller's code */
     PyObject *x = Py_TYPE(it)->tp_iternext(it);
     if (x != NULL) {
         *item = x;
@@ -503,8 +452,6 @@ static inline int kw_iter(PyObject *seq, PyObject **it)
     return *it == NULL ? -1 : 0;
 }
 
-/* for req in reqs: for each path: req.<path> += delta.
- * steps holds the paths' steps one after another; path k ends at ends[k]. */
 /* Whether path k names the same owner as path k - 1: the same names (interned:
  * compared by identity) up to its last. */
 static int kw_same_owner(const kw_step *steps, const Py_ssize_t *ends, Py_ssize_t k)
@@ -517,7 +464,34 @@ static int kw_same_owner(const kw_step *steps, const Py_ssize_t *ends, Py_ssize_
     return 1;
 }
 
-static int kw_add_all(PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
+/* Pure mode, before anything is written: the position of the first request
+ * of reqs (an exact list or tuple) whose paths kw_check_path refuses, or -1
+ * when every one passes. */
+static Py_ssize_t kw_check_add(kw_ctx *cx, PyObject *reqs, kw_step *steps,
+                               const Py_ssize_t *ends, Py_ssize_t npaths)
+{
+    int is_list = PyList_CheckExact(reqs);
+    Py_ssize_t size = is_list ? PyList_GET_SIZE(reqs) : PyTuple_GET_SIZE(reqs);
+    for (Py_ssize_t pos = 0; pos < size; pos++) {
+        PyObject *req = kw_item(reqs, pos);
+        Py_ssize_t start = 0;
+        if (req == NULL) return pos;
+        for (Py_ssize_t k = 0; k < npaths; k++) {
+            if (!kw_check_path(cx, steps + start, ends[k] - start, req)) {
+                Py_DECREF(req);
+                return pos;
+            }
+            start = ends[k];
+        }
+        Py_DECREF(req);
+    }
+    (void)is_list;
+    return -1;
+}
+
+/* for req in reqs: for each path: req.<path> += delta.
+ * steps holds the paths' steps one after another; path k ends at ends[k]. */
+static int kw_add_all(kw_ctx *cx, PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
                       Py_ssize_t npaths, PyObject *delta, unsigned char *reuse)
 {
     kw_delta dl;
@@ -525,51 +499,66 @@ static int kw_add_all(PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
     Py_ssize_t pos = 0;
     int got, rc = 0, pure = 0;
     kw_delta_init(&dl, delta);
-#ifndef Py_GIL_DISABLED
-    kw_learn_budget = 4;
-#endif
     for (Py_ssize_t k = 0; k < npaths; k++)
         reuse[k] = k > 0 && kw_same_owner(steps, ends, k);
     if (kw_iter(reqs, &it) < 0) return -1;
-    while ((got = kw_next(reqs, it, &pos, &req)) > 0) {
+    while ((got = kw_next(cx, reqs, it, &pos, &req)) > 0) {
         Py_ssize_t start = 0;
         for (Py_ssize_t k = 0; k < npaths && rc == 0; k++) {
-            rc = kw_add_path(steps + start, ends[k] - start, req, &dl, &owner, reuse[k], &pure);
+            rc = kw_add_path(cx, steps + start, ends[k] - start, req, &dl, &owner, reuse[k],
+                             &pure);
             start = ends[k];
         }
         Py_CLEAR(owner);
         Py_DECREF(req);
         if (rc < 0) break;
     }
+    kv_gc_let(&cx->gc);
     Py_XDECREF(it);
     return (rc < 0 || got < 0) ? -1 : 0;
 }
 
+/* Pure mode, before anything is written: the position of the first pair of
+ * reqs and values (exact lists or tuples, values exact ints in int64) whose
+ * path kw_check_path refuses, or -1. */
+static Py_ssize_t kw_check_max(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *steps,
+                               Py_ssize_t n)
+{
+    int is_list = PyList_CheckExact(reqs);
+    Py_ssize_t size = is_list ? PyList_GET_SIZE(reqs) : PyTuple_GET_SIZE(reqs);
+    Py_ssize_t nv = PyList_CheckExact(values) ? PyList_GET_SIZE(values)
+                                              : PyTuple_GET_SIZE(values);
+    for (Py_ssize_t pos = 0; pos < size && pos < nv; pos++) {
+        PyObject *req = kw_item(reqs, pos);
+        int ok = req != NULL && kw_check_path(cx, steps, n, req);
+        Py_XDECREF(req);
+        if (!ok) return pos;
+    }
+    return -1;
+}
+
 /* for req, v in zip(reqs, values, strict=strict): req.<path> = max(req.<path>, v)
  * with zip's own order of calls and its own errors. */
-static int kw_max_all(PyObject *reqs, PyObject *values, kw_step *steps, Py_ssize_t n,
-                      int strict)
+static int kw_max_all(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *steps,
+                      Py_ssize_t n, int strict)
 {
     PyObject *it_reqs, *it_values, *req, *v;
     Py_ssize_t pos_reqs = 0, pos_values = 0;
     int got, rc = 0;
-#ifndef Py_GIL_DISABLED
-    kw_learn_budget = 4;
-#endif
     if (kw_iter(reqs, &it_reqs) < 0) return -1;
     if (kw_iter(values, &it_values) < 0) {
         Py_XDECREF(it_reqs);
         return -1;
     }
     for (;;) {
-        got = kw_next(reqs, it_reqs, &pos_reqs, &req);
+        got = kw_next(cx, reqs, it_reqs, &pos_reqs, &req);
         if (got < 0) {
             rc = -1;
             break;
         }
         if (got == 0) {
             if (!strict) break;
-            got = kw_next(values, it_values, &pos_values, &v);
+            got = kw_next(cx, values, it_values, &pos_values, &v);
             if (got > 0) {
                 Py_DECREF(v);
                 PyErr_SetString(PyExc_ValueError,
@@ -578,7 +567,7 @@ static int kw_max_all(PyObject *reqs, PyObject *values, kw_step *steps, Py_ssize
             rc = got == 0 ? 0 : -1;
             break;
         }
-        got = kw_next(values, it_values, &pos_values, &v);
+        got = kw_next(cx, values, it_values, &pos_values, &v);
         if (got <= 0) {
             Py_DECREF(req);
             if (got == 0 && strict)
@@ -587,11 +576,12 @@ static int kw_max_all(PyObject *reqs, PyObject *values, kw_step *steps, Py_ssize
             rc = (got < 0 || strict) ? -1 : 0;
             break;
         }
-        rc = kw_max_path(steps, n, req, v);
+        rc = kw_max_path(cx, steps, n, req, v);
         Py_DECREF(req);
         Py_DECREF(v);
         if (rc < 0) break;
     }
+    kv_gc_let(&cx->gc);
     Py_XDECREF(it_reqs);
     Py_XDECREF(it_values);
     return rc;

@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from sys import intern
 from typing import Any
 
-from kvest._inputs import as_flag
+from kvest._errors import impure_argument, impure_request
+from kvest._inputs import as_flag, pure_reqs, pure_values
+from kvest.reference import _pure
 
 __all__ = [
     "add_to_attrs",
@@ -52,14 +54,47 @@ def _paths(paths: Any) -> tuple[tuple[str, ...], ...]:
                     f"not {type(paths).__name__}")
 
 
-def add_to_attrs(reqs: Iterable[Any], paths: Any, delta: Any) -> None:
+def _pure_paths(norm: tuple[tuple[str, ...], ...]) -> None:
+    """Pure mode: no path may read, on its way to its owner, a name some path writes."""
+    written = [path[-1] for path in norm]
+    for path in norm:
+        for name in path[:-1]:
+            if any(name is w for w in written):
+                raise impure_argument("paths")
+
+
+def _pure_path_ok(req: Any, names: tuple[str, ...]) -> bool:
+    """kw_check_path: req.<names> read and stored with no code of the caller's."""
+    obj = req
+    for name in names[:-1]:
+        obj = _pure.get(obj, name)
+        if obj is _pure.IMPURE or obj is _pure.MISSING:
+            return False
+    value = _pure.get(obj, names[-1])
+    return (type(value) is int and -(2**63) <= value < 2**63
+            and _pure.can_store(obj, names[-1]))
+
+
+def add_to_attrs(reqs: Iterable[Any], paths: Any, delta: Any, *, pure: bool = False) -> None:
     """For each request in order, for each path in order: ``req.<path> += delta``.
 
     See the compiled ``kvest.add_to_attrs`` for the whole contract: the loop's
     semantics exactly, a failure part-way through leaving the requests as the
-    loop leaves them.
+    loop leaves them; ``pure=True`` checks every request before any write.
     """
-    split = [(path[:-1], path[-1]) for path in _paths(paths)]
+    pure = as_flag(pure, "pure")
+    if pure:
+        pure_reqs(reqs)
+    norm = _paths(paths)
+    if pure:
+        if type(delta) is not int or not -(2**63) <= delta < 2**63:
+            raise impure_argument("delta")
+        _pure_paths(norm)
+        for pos, req in enumerate(reqs):
+            for path in norm:
+                if not _pure_path_ok(req, path):
+                    raise impure_request(pos, "written")
+    split = [(path[:-1], path[-1]) for path in norm]
     for req in reqs:
         for head, name in split:
             obj = req
@@ -69,13 +104,26 @@ def add_to_attrs(reqs: Iterable[Any], paths: Any, delta: Any) -> None:
 
 
 def max_into_attr(reqs: Iterable[Any], path: Any, values: Iterable[Any], *,
-                  strict: bool = True) -> None:
+                  strict: bool = True, pure: bool = False) -> None:
     """``for req, v in zip(reqs, values, strict=strict): req.<path> = max(req.<path>, v)``.
 
     See the compiled ``kvest.max_into_attr`` for the whole contract.
     """
+    pure = as_flag(pure, "pure")
+    if pure:
+        pure_reqs(reqs)
+        pure_values(values, "values")
     names = _names(path, "path")
     strict = as_flag(strict, "strict")
+    if pure:
+        if strict and len(reqs) != len(values):  # type: ignore[arg-type]
+            raise impure_argument("values")
+        _pure_paths((names,))
+        for pos, req in enumerate(reqs):
+            if pos >= len(values):  # type: ignore[arg-type]
+                break
+            if not _pure_path_ok(req, names):
+                raise impure_request(pos, "written")
     head, name = names[:-1], names[-1]
     for req, value in zip(reqs, values, strict=strict):
         obj = req

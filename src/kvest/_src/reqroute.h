@@ -1,0 +1,381 @@
+/*
+ * The attribute-route core, one for the readers (reqattr.h) and the writers
+ * (reqwrite.h): how getattr(obj, name) and setattr(obj, name, value) go for
+ * one type, worked out once and trusted while the type's version tag holds
+ * (typetag.h); the instance dict found without letting a collection run; and
+ * the dict read that runs no code of the caller's (pure mode).
+ *
+ *   KV_ROUTE_DICT    the type's getattro (for reads) or setattro (for writes)
+ *                    is the generic one and no class in the MRO defines the
+ *                    name: the value lives in the instance __dict__;
+ *   KV_ROUTE_MEMBER  the MRO defines the name as a member descriptor of an
+ *                    object slot (a __slots__ entry, a slots=True dataclass
+ *                    field) under its own name: the value sits at the
+ *                    descriptor's offset, read or replaced there exactly as
+ *                    the descriptor's __get__/__set__ do (an unset slot reads
+ *                    as missing, or as None for T_OBJECT);
+ *   KV_ROUTE_GENERIC anything else (a property or any other descriptor, a
+ *                    custom __getattr__/__getattribute__/__setattr__, a
+ *                    read-only or audited member, a str subclass as the
+ *                    name): PyObject_GetAttr/PyObject_SetAttr.
+ *
+ * Collections.  On 3.11+ finding an instance dict may build it (an
+ * allocation), and a collection there could run a finalizer -- Python code --
+ * in the middle of C code that holds borrowed pointers and cached routes.
+ * Each call keeps a kv_gc: the first dict lookup holds collections off, and
+ * they are let run again (the caller's state restored) right before anything
+ * that may run Python code (a generic lookup, an operator, an iterator) and
+ * when the call ends.  So the caller's code always runs with the caller's
+ * collector state, and kvest's own stretches of C code never see a
+ * collection.  (A collection's timing is not part of Python's semantics.)
+ *
+ * Private CPython API used here, on 3.10 to 3.13 (docs/development.md lists
+ * them): _PyType_Lookup, _PyObject_GetDictPtr, a slot read and written at
+ * its member's offset, the type's version tag kept across calls, T_OBJECT
+ * (structmember.h).  Behind the fence (typetag.h: KV_PRIVATE is 0) none is
+ * used: the type's MRO dicts are searched with PyDict_GetItemWithError, the
+ * instance dict is PyObject_GenericGetDict's, a slot is read and written
+ * with PyObject_GetAttr/PyObject_SetAttr (proven to be the member
+ * descriptor's own get and set), routes last one call, and only in pure
+ * mode: everything else takes the generic calls.
+ */
+#ifndef KVEST_REQROUTE_H
+#define KVEST_REQROUTE_H
+
+#include <Python.h>
+#include <string.h>
+
+#include "typetag.h"
+
+/* Without a GIL a slot or dict read behind the interpreter's back would race:
+ * there every access is generic. */
+#ifdef Py_GIL_DISABLED
+#define KV_SHORTCUTS 0
+#else
+#define KV_SHORTCUTS 1
+#endif
+
+#if KV_SHORTCUTS && (KV_PRIVATE || PY_VERSION_HEX < 0x030C0000)
+#include <structmember.h> /* the member types' names before 3.12 */
+#endif
+#if PY_VERSION_HEX >= 0x030C0000
+#define KV_T_OBJECT_EX Py_T_OBJECT_EX
+#define KV_READONLY Py_READONLY
+#define KV_AUDIT_READ Py_AUDIT_READ
+#else
+#define KV_T_OBJECT_EX T_OBJECT_EX
+#define KV_READONLY READONLY
+#define KV_AUDIT_READ PY_AUDIT_READ
+#endif
+
+/* The per-request reads, inlined into the walk whatever the compiler's
+ * budget says (tools/instructions.py counts them). */
+#if defined(__GNUC__) || defined(__clang__)
+#define KV_HOT static inline __attribute__((always_inline))
+#else
+#define KV_HOT static inline
+#endif
+
+enum { KV_ROUTE_GENERIC = 0, KV_ROUTE_DICT = 1, KV_ROUTE_MEMBER = 2 };
+
+/* A read or write that would need code of the caller's, in pure mode: nothing set. */
+#define KV_IMPURE (-2)
+
+typedef struct {
+    unsigned char get, set;      /* KV_ROUTE_* */
+    unsigned char none_if_unset; /* T_OBJECT: an unset slot reads as None */
+    Py_ssize_t offset;           /* KV_ROUTE_MEMBER */
+} kv_route;
+
+#if KV_SHORTCUTS
+/* What the MRO of t defines under name (borrowed), or NULL; *unknown is set
+ * when that could not be told. */
+static PyObject *kv_type_lookup(PyTypeObject *t, PyObject *name, int *unknown)
+{
+#if KV_PRIVATE
+    (void)unknown;
+    return _PyType_Lookup(t, name); /* sets no error */
+#else
+    PyObject *mro = t->tp_mro;
+    if (mro == NULL || !PyTuple_Check(mro)) {
+        *unknown = 1;
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+        PyObject *base = PyTuple_GET_ITEM(mro, i), *dict, *v;
+        if (!PyType_Check(base)) {
+            *unknown = 1;
+            return NULL;
+        }
+#if PY_VERSION_HEX >= 0x030C0000
+        dict = PyType_GetDict((PyTypeObject *)base);
+#else
+        dict = Py_XNewRef(((PyTypeObject *)base)->tp_dict);
+#endif
+        if (dict == NULL) continue;
+        v = PyDict_GetItemWithError(dict, name); /* borrowed: the type holds its dict */
+        Py_DECREF(dict);
+        if (v != NULL) return v;
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            *unknown = 1;
+            return NULL;
+        }
+    }
+    return NULL;
+#endif
+}
+#endif
+
+/* The route of name (an exact, interned str, or anything else: generic) on t,
+ * for a call in pure mode or not (behind the fence only pure mode takes
+ * routes: nothing tells there whether a type changed while Python code ran). */
+static void kv_route_resolve(kv_route *r, PyTypeObject *t, PyObject *name, int pure)
+{
+    r->get = r->set = KV_ROUTE_GENERIC;
+    r->none_if_unset = 0;
+    r->offset = 0;
+#if KV_SHORTCUTS
+    int unknown = 0;
+    /* A str subclass may hash and compare its own way: only the generic
+     * lookups know what it means. */
+    if (!PyUnicode_CheckExact(name)) return;
+#if !KV_PRIVATE
+    if (!pure) return;
+#else
+    (void)pure;
+#endif
+    int get_generic = t->tp_getattro == PyObject_GenericGetAttr;
+    int set_generic = t->tp_setattro == PyObject_GenericSetAttr;
+    if (!get_generic && !set_generic) return;
+    PyObject *descr = kv_type_lookup(t, name, &unknown); /* borrowed */
+    if (unknown) return;
+    if (descr == NULL) {
+        if (get_generic) r->get = KV_ROUTE_DICT;
+        if (set_generic) r->set = KV_ROUTE_DICT;
+    } else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDescrObject *md = (PyMemberDescrObject *)descr;
+        PyMemberDef *m = md->d_member;
+#ifdef Py_RELATIVE_OFFSET
+        int unusable = m->flags & Py_RELATIVE_OFFSET;
+#else
+        int unusable = 0;
+#endif
+        /* The subtype check: a descriptor copied from an unrelated class makes
+         * the generic code raise TypeError.  The name check: a descriptor
+         * copied under another name reads another slot than its name says. */
+#if KV_PRIVATE
+        int object_type = m->type == KV_T_OBJECT_EX || m->type == T_OBJECT;
+#else
+        int object_type = m->type == KV_T_OBJECT_EX; /* T_OBJECT is deprecated */
+#endif
+        if (object_type && !unusable && md->d_common.d_name == name
+            && PyType_IsSubtype(t, md->d_common.d_type)) {
+            r->offset = m->offset;
+            r->none_if_unset = m->type != KV_T_OBJECT_EX;
+            if (get_generic && !(m->flags & KV_AUDIT_READ)) r->get = KV_ROUTE_MEMBER;
+            if (set_generic && !(m->flags & KV_READONLY)) r->set = KV_ROUTE_MEMBER;
+        }
+    }
+#else
+    (void)t;
+    (void)name;
+    (void)pure;
+#endif
+}
+
+/* Whether what was worked out for t under tag `version` still holds
+ * (behind the fence: for the rest of the call, typetag.h). */
+KV_HOT int kv_route_current(PyTypeObject *known, unsigned int version, PyTypeObject *t)
+{
+    return known == t && kv_tag_valid(t) && kv_tag(t) == version;
+}
+
+/* ------------------------------------------------------------- dict hints */
+
+/* Instances of one class build their __dict__ in the same order, so a name
+ * sits at the same position in each: a hint is that position (a PyDict_Next
+ * position), kept past a call here, keyed by type, version tag and name
+ * (compared, never dereferenced).  A hint is only a guess: a probe there
+ * counts only if the key found is the name itself, so a stale one costs a
+ * search, never a wrong value.  Without shortcuts nothing reads them. */
+#if KV_SHORTCUTS
+#define KV_HINT_SLOTS 16
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+    PyObject *name;
+    Py_ssize_t hint;
+} kv_hint_entry;
+static kv_hint_entry kv_hints[KV_HINT_SLOTS];
+static int kv_hints_next;
+#endif
+
+/* The hint kept for name on t (under tag version), or -1. */
+static Py_ssize_t kv_hint_find(PyTypeObject *t, unsigned int version, PyObject *name)
+{
+#if KV_SHORTCUTS
+    for (int i = 0; i < KV_HINT_SLOTS; i++)
+        if (kv_hints[i].type == t && kv_hints[i].version == version && kv_hints[i].name == name)
+            return kv_hints[i].hint;
+#else
+    (void)t;
+    (void)version;
+    (void)name;
+#endif
+    return -1;
+}
+
+static void kv_hint_keep(PyTypeObject *t, unsigned int version, PyObject *name, Py_ssize_t pos)
+{
+#if KV_SHORTCUTS
+    kv_hint_entry *e = NULL;
+    if (t == NULL) return; /* a type without a version tag: nothing to key it by */
+    for (int i = 0; i < KV_HINT_SLOTS; i++)
+        if (kv_hints[i].type == t && kv_hints[i].version == version && kv_hints[i].name == name)
+            e = &kv_hints[i];
+    if (e == NULL) {
+        e = &kv_hints[kv_hints_next];
+        kv_hints_next = (kv_hints_next + 1) % KV_HINT_SLOTS;
+    }
+    e->type = t;
+    e->version = version;
+    e->name = name;
+    e->hint = pos;
+#else
+    (void)t;
+    (void)version;
+    (void)name;
+    (void)pos;
+#endif
+}
+
+/* Where name sits in dict (which holds it under that very key), or -1. */
+static Py_ssize_t kv_dict_position(PyObject *dict, PyObject *name)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &pos, &key, &value))
+        if (key == name) return pos - 1;
+    return -1;
+}
+
+/* ------------------------------------------------------------ collections */
+
+typedef struct {
+    int held;  /* collections held off by this call */
+    int saved; /* the collector's state before (PyGC_Disable's answer) */
+    PyObject *dict; /* behind the fence: the instance dict last looked up (borrowed) */
+} kv_gc;
+
+static inline void kv_gc_init(kv_gc *g)
+{
+    g->held = 0;
+    g->saved = 0;
+    g->dict = NULL;
+}
+
+KV_HOT void kv_gc_hold(kv_gc *g)
+{
+    if (!g->held) {
+        g->saved = PyGC_Disable();
+        g->held = 1;
+    }
+}
+
+/* Before code of the caller's runs, and when the call ends. */
+static inline void kv_gc_let(kv_gc *g)
+{
+    if (g->held) {
+        g->held = 0;
+        if (g->saved) PyGC_Enable();
+    }
+}
+
+#if KV_SHORTCUTS
+/* Where obj keeps its instance dict (building it on 3.11+), collections held
+ * off; NULL when it has none.  Behind the fence the dict is
+ * PyObject_GenericGetDict's, which obj keeps, and the place handed back is
+ * the call's own: good only until the next lookup (KV_DICT_CACHED is 0, and
+ * the callers look up again before each use). */
+#define KV_DICT_CACHED KV_PRIVATE
+KV_HOT PyObject **kv_dictptr(kv_gc *g, PyObject *obj)
+{
+    kv_gc_hold(g);
+#if KV_PRIVATE
+    return _PyObject_GetDictPtr(obj);
+#else
+    PyObject *d = PyObject_GenericGetDict(obj, NULL);
+    if (d == NULL) {
+        PyErr_Clear(); /* no instance dict: the generic lookup says what is missing */
+        return NULL;
+    }
+    g->dict = d;
+    Py_DECREF(d); /* obj holds it, and no code runs before its use */
+    return &g->dict;
+#endif
+}
+
+/* obj's slot at r (a member route): a borrowed reference, or NULL (nothing
+ * set) when it is unset.  Behind the fence PyObject_GetAttr reads it, which
+ * the route proves is the member descriptor's own get (no code of the
+ * caller's). */
+KV_HOT PyObject *kv_slot_get(const kv_route *r, PyObject *obj, PyObject *name)
+{
+#if KV_PRIVATE
+    (void)name;
+    PyObject *v = *(PyObject **)((char *)obj + r->offset);
+    return v != NULL ? v : (r->none_if_unset ? Py_None : NULL);
+#else
+    (void)r;
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        PyErr_Clear(); /* AttributeError: the slot is unset */
+        return NULL;
+    }
+    Py_DECREF(v); /* the slot holds it */
+    return v;
+#endif
+}
+#endif
+
+/* ------------------------------------------------------- pure dict reads */
+
+/* dict's entry for name (an exact str) found without a lookup, so that no
+ * key's __eq__ or __hash__ runs: a key that is name itself or an equal exact
+ * str.  1 with the value (borrowed) and its PyDict_Next position in *at;
+ * 0 when no key is; KV_IMPURE when no key is but one that is not an exact str
+ * could stand for it (the generic lookup would compare it its own way). */
+static int kv_dict_scan(PyObject *dict, PyObject *name, PyObject **value, Py_ssize_t *at)
+{
+    Py_ssize_t pos = 0, len = PyUnicode_GET_LENGTH(name);
+    PyObject *key, *v;
+    int odd = 0;
+    while (PyDict_Next(dict, &pos, &key, &v)) {
+        if (key == name) goto found;
+        if (!PyUnicode_CheckExact(key)) {
+            odd = 1;
+        } else if (PyUnicode_GET_LENGTH(key) == len && PyUnicode_Compare(key, name) == 0) {
+            goto found;
+        }
+        continue;
+    found:
+        *value = v;
+        *at = pos - 1;
+        return 1;
+    }
+    return odd ? KV_IMPURE : 0;
+}
+
+/* Whether every key of dict is an exact str: then storing into it compares
+ * keys with no code of the caller's. */
+static int kv_dict_str_keys(PyObject *dict)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *v;
+    while (PyDict_Next(dict, &pos, &key, &v))
+        if (!PyUnicode_CheckExact(key)) return 0;
+    return 1;
+}
+
+#endif
