@@ -234,6 +234,7 @@ def test_a_new_hot_spot_is_one_registry_record(tmp_path, monkeypatch, capsys):
     spot = registry.HotSpot("count_member_rows", (EXTRA_MODULE,), None, "count_member_rows",
                             (registry.Use("beam_rows", {"reqs": "reqs"}),))
     monkeypatch.setitem(registry.HOTSPOTS, spot.name, spot)  # type: ignore[index]
+    monkeypatch.setattr(monitor.STATE, "spots", dict(monitor.STATE.spots))
     source = SourceTree(tmp_path, NEWEST.version)
     with standin_tree(source, plugins=True) as tree:
         assert EXTRA_MODULE in tree.modules  # the loader read the registry

@@ -75,7 +75,7 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
         if sum_ is _SUM and type(requests) in _SEQUENCES and type(page_size) is int \
                 and page_size >= 1:
             try:
-                tokens = kernel(requests, page_size, layout=layout, exact_ints=True)
+                tokens = kernel(requests, page_size, layout=layout, exact_ints=True, pure=True)
             except Exception:
                 pass
             else:
@@ -161,7 +161,7 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
                 and reserve >= 0):
             try:
                 tokens = kernel(requests, page_size, factor * reserve, layout=layout,
-                                exact_ints=True)
+                                exact_ints=True, pure=True)
             except Exception:
                 pass
             else:
@@ -180,7 +180,7 @@ def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Call
             _first_call()
         if sum_ is _SUM and type(reqs) in _SEQUENCES:
             try:
-                rows = kernel(reqs, exact_ints=True)
+                rows = kernel(reqs, exact_ints=True, pure=True)
             except Exception:
                 pass
             else:
@@ -209,7 +209,7 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                 and reserve >= 0):
             try:
                 plan = kernel(reqs, page_size, reserve, page_aligned=True, layout=layout,
-                              exact_ints=True)
+                              exact_ints=True, pure=True)
             except Exception:
                 pass
             else:
@@ -235,15 +235,28 @@ def _adding_loop(name: str, paths: tuple[tuple[str, ...], ...], fixed: Any
 
     kvest's writer keeps the loop's every semantic (Python's ``+=`` on whatever
     the values are, properties and ``__setattr__`` taken as ``setattr`` takes
-    them, the same requests written before an exception), so once it has
-    started it never hands back."""
-    add = kvest.add_to_attrs
+    them).  It runs in pure mode: every request is checked before the first
+    write, and one whose read or write would run Python code of its own (a
+    property, ``__setattr__``, a value that is not an exact int) raises
+    :class:`kvest.ImpureRequest` with nothing written, so the loop is
+    upstream's whole; once the writes start, no code of the caller's runs.
+    ``owner.reqs`` must be a plain attribute (read here, and again by
+    upstream's loop after a decline: the same list)."""
+    add, impure, spot = kvest.add_to_attrs, kvest.ImpureRequest, monitor.spot(name)
 
-    def adding_loop(owner: Any, delta: Any = fixed) -> None:
+    def adding_loop(owner: Any, delta: Any = fixed) -> Any:
         if not _STATE.announced:
             _first_call()
-        reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
-        add(reqs, paths, delta)
+        if _lookup_is_special(type(owner), "reqs"):
+            return _declined(spot)
+        reqs = vars(owner).get("reqs")
+        if type(reqs) not in _SEQUENCES or type(delta) is not int:
+            return _declined(spot)
+        try:
+            add(reqs, paths, delta, pure=True)
+        except impure:
+            return _declined(spot)
+        return None
 
     return adding_loop
 
@@ -259,14 +272,20 @@ def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     """``for req, v in zip(reqs, values, strict=True): req.kv.kv_allocated_len =
     max(req.kv.kv_allocated_len, v)`` (semantics as above; ``zip`` and ``max``
     must be the builtins)."""
-    raise_to, spot = kvest.max_into_attr, monitor.spot(name)
+    raise_to, impure, spot = kvest.max_into_attr, kvest.ImpureRequest, monitor.spot(name)
 
     def max_allocated_loop(reqs: Any, values: Any, zip_: Any, max_: Any) -> Any:
         if not _STATE.announced:
             _first_call()
-        if zip_ is not _ZIP or max_ is not _MAX:
+        # (lengths that differ: zip(strict=True) raises part-way; upstream's loop)
+        if (zip_ is not _ZIP or max_ is not _MAX or type(reqs) not in _SEQUENCES
+                or type(values) not in _SEQUENCES or len(values) != len(reqs)):
             return _declined(spot)
-        raise_to(reqs, _ALLOCATED, values, strict=True)
+        try:
+            raise_to(reqs, _ALLOCATED, values, strict=True, pure=True)
+        except impure:
+            return _declined(spot)
+        return None
 
     return max_allocated_loop
 
@@ -297,7 +316,7 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
             reqs = vars(owner).get("reqs")
             if type(reqs) is list:
                 try:
-                    groups = kernel(reqs)
+                    groups = kernel(reqs, pure=True)
                 except Exception:
                     pass  # upstream's loop raises its own exception
                 else:
@@ -402,7 +421,7 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
                 and type(page_size) is int and page_size >= 1 and resolves():
             try:
                 result = plan(reqs, page_size, reserve, page_aligned=True, dtype=int32,
-                              layout=layout, exact_ints=True)
+                              layout=layout, exact_ints=True, pure=True)
             except Exception:
                 pass
             else:

@@ -229,7 +229,8 @@ def status() -> dict[str, Any]:
             "kvest": kvest.__version__, "implementation": kvest.IMPLEMENTATION,
             "sglang": STATE.sglang, "mode": STATE.mode.value, "reason": reason,
             "scheduler": STATE.scheduler,
-            "hotspots": {name: _entry(s) for name, s in list(STATE.spots.items())},
+            "hotspots": {name: _entry(STATE.spots.get(name) or Spot(name))
+                         for name in list(HOTSPOTS)},
         }
 
 
@@ -253,7 +254,7 @@ def describe() -> list[tuple[int, str]]:
     """The status as log records: (level, message)."""
     import kvest
 
-    spots = list(STATE.spots.values())
+    spots = [s for name in list(HOTSPOTS) if (s := STATE.spots.get(name)) is not None]
     done = [s for s in spots if s.state in (State.REPLACED, State.SHADOW)]
     head = (f"kvest {kvest.__version__} ({kvest.IMPLEMENTATION}), sglang {STATE.sglang}, "
             f"mode {STATE.mode} ({STATE.reason}): ")

@@ -169,7 +169,12 @@ def statement_pair(analysis: rewrite.Analysis, found: rewrite.Found, spot: str
         raise rewrite.Unreadable(f"no source for line {stmt.lineno}")
     local = fingerprint.function_locals(analysis.node)
     roles = [found.name(r) for r in kind.inputs]
-    read = [n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id in local]
+    # (a loop's or a comprehension's own variables are bound there, not passed)
+    targets = [node.target for node in ast.walk(stmt)
+               if isinstance(node, (ast.For, ast.comprehension))]
+    scratch = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    read = [n.id for n in ast.walk(stmt)
+            if isinstance(n, ast.Name) and n.id in local and n.id not in scratch]
     params = tuple(dict.fromkeys([*roles, *read]))
     if kind.binds is None:
         tail = ""
@@ -192,7 +197,9 @@ def statement_pair(analysis: rewrite.Analysis, found: rewrite.Found, spot: str
     checked, why = _checked(alone, hits[0].pattern.globals)
     if why is not None:
         raise rewrite.Unreadable(why)
-    return alone, rewrite.rebuild(again, [make_swap(hits[0], spot, checked)]), params
+    # (its glue counts apart: a statement alone is no call of the hot spot)
+    swap = make_swap(hits[0], f"{spot} (statement alone)", checked)
+    return alone, rewrite.rebuild(again, [swap]), params
 
 
 def check_statements(targets: list[Any], make: Callable[[Any, Any], Any], beams: bool,
