@@ -94,8 +94,7 @@ def test_load_plugins_found_kvest(plugins_loaded):
     report = kvest.sglang.status()
     assert report["scheduler"] and report["mode"] == "on"
     for name in ("new_tokens_required_next_decode", "_new_tokens_required_next_decode_spec_v2",
-                 "get_num_new_pages", "page_aligned_decode_alloc_lens", "alloc_for_decode_default",
-                 "alloc_for_spec_decode"):
+                 "get_num_new_pages", "page_aligned_decode_alloc_lens", "alloc_for_spec_decode"):
         assert report["hotspots"][name]["state"] == "replaced", (name, report["hotspots"][name])
     assert "[kvest]" in repr(sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"])
     estimate = sb.ScheduleBatch.__dict__["new_tokens_required_next_decode"]

@@ -23,7 +23,7 @@ from sglang_standins import request_class
 
 import kvest.sglang
 from kvest.sglang import monitor, rewrite
-from kvest.sglang.registry import files
+from kvest.sglang.registry import HOTSPOTS, KINDS, files
 from kvest.sglang.upstream import Config, SourceTree, standin_tree
 
 RELEASES = [t for t in releases() if t.exists("sglang/srt/beam_search/batch_tail.py")]
@@ -306,7 +306,10 @@ def test_every_hot_spot_is_compiled_and_exact(tree_source):
         try:
             states = {n: s["state"] for n, s in monitor.status()["hotspots"].items()
                       if s["state"] not in ("absent", "not recognised in this release")}
-            assert set(states.values()) == {"replaced"}, states
+            slower = {n for n, s in states.items() if any(
+                KINDS[k].upstream_faster for k in HOTSPOTS[n].kinds)}
+            assert {states[n] for n in slower} <= {"skipped"}, states
+            assert {s for n, s in states.items() if n not in slower} == {"replaced"}, states
             assert _answers(tree, calls) == expected
             replaced = vars(tree.batch_class)["new_tokens_required_next_decode"]
             assert "[kvest]" in repr(replaced)
@@ -472,9 +475,9 @@ def test_the_batch_index_loop_is_compiled_only_as_shipped(rel, old, new, spot, k
             handle = kvest.sglang.patch()
         try:
             report = monitor.status()["hotspots"][spot]
-            if kept:
-                assert report["state"] == "replaced", report
-                assert report["patterns"][0].startswith("batch_idx_loop"), report
+            if kept:  # found as shipped; left to upstream, whose loop is faster
+                assert report["state"] == "skipped", report
+                assert "upstream's loop is faster" in report["reason"], report
             else:
                 assert report["state"] == "left alone", report
                 message = " ".join(str(w.message) for w in caught)

@@ -59,11 +59,13 @@ def test_each_side_runs_what_it_should(loops):
     assert kv["mode"] == "on"
     for name in ("new_tokens_required_next_decode", "_new_tokens_required_next_decode_spec_v2",
                  "page_aligned_decode_alloc_lens", "get_num_new_pages",
-                 "alloc_for_decode_default", "alloc_for_spec_decode", "append_beam_tail",
-                 "prepare_for_decode", "eagle_prepare_for_decode"):
+                 "alloc_for_spec_decode", "append_beam_tail"):
         assert kv["hotspots"][name] == "replaced", (name, kv["hotspots"])
         # and the loops ran on its kernels (none declined every call)
         assert kv["kernel_calls"][name] > 0, (name, kv["kernel_calls"])
+    # The adding loops are upstream's: faster than a writer making new ints.
+    for name in ("alloc_for_decode_default", "prepare_for_decode", "eagle_prepare_for_decode"):
+        assert kv["hotspots"][name] == "skipped", (name, kv["hotspots"])
 
 
 @pytest.mark.parametrize("case", range(len(LOOP_CASES)),

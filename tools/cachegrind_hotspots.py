@@ -182,14 +182,15 @@ def hot_spots(side: str, names: list[str], sizes: list[int], root: str, version:
             calls: dict[str, tuple[Any, tuple[str, ...]]] = {}
             for name in names:
                 _, how, spot, kind = SPOTS[name]
-                target = targets[spot]
                 if how == "function":
+                    target = targets[spot]
                     fn = target.new if side == "kvest" else target.original
                     calls[name] = (fn, ())
                     continue
-                swaps = [s for s in target.swaps if s.found.pattern.kind == kind]
-                alone, swapped, params = parity.statement_pair(
-                    target.analysis, swaps[0].found, target.spot)
+                # (found as the plan finds it: also where upstream's loop is
+                # faster and kvest leaves it so, to show by how much)
+                analysis, found = parity.found_statement(tree, spot, kind)
+                alone, swapped, params = parity.statement_pair(analysis, found, spot)
                 calls[name] = (swapped if side == "kvest" else alone, params)
             if side != "kvest":
                 handle.undo()  # upstream's functions call upstream's helpers

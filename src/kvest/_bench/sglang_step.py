@@ -468,7 +468,7 @@ class Pair:
             raise RuntimeError(f"the upstream worker is not off: {up}")
         wanted = ("new_tokens_required_next_decode", "_new_tokens_required_next_decode_spec_v2",
                   "page_aligned_decode_alloc_lens", "get_num_new_pages",
-                  "alloc_for_decode_default", "alloc_for_spec_decode")
+                  "alloc_for_spec_decode")
         for side in self.status.keys() - {"upstream"}:
             kv = self.status[side]
             missing = [h for h in wanted if kv["hotspots"].get(h) != "replaced"]

@@ -31,7 +31,7 @@ from typing import Any
 
 from kvest.sglang import glue, monitor, rewrite
 from kvest.sglang.monitor import Mode, note
-from kvest.sglang.registry import BATCH, HELPERS, HOTSPOTS, HotSpot, NoteKind, State
+from kvest.sglang.registry import BATCH, HELPERS, HOTSPOTS, KINDS, HotSpot, NoteKind, State
 
 __all__ = ["Plan", "Target", "plan"]
 
@@ -250,6 +250,11 @@ def _plan_one(spot: HotSpot, fn: Any, entry: monitor.Spot
         return glue.make_num_new_pages(fn, found.pattern, tensor, spot.name), analysis, []
     swaps = []
     for found in analysis.found:
+        slower = KINDS[found.pattern.kind].upstream_faster
+        if slower:
+            note(entry, NoteKind.SLOWER, f"line {found.stmt.lineno} ({found.pattern.id}): "
+                                         f"{slower}; left to upstream")
+            continue
         checked, why = _checked(fn, found.pattern.globals)
         if why is not None:
             note(entry, NoteKind.HELPER, f"line {found.stmt.lineno}: {why}")
@@ -257,6 +262,8 @@ def _plan_one(spot: HotSpot, fn: Any, entry: monitor.Spot
         swaps.append(make_swap(found, spot.name, checked))
         entry.patterns.append(f"{found.pattern.id} at line {found.stmt.lineno}")
     if not swaps:
+        if any(n.kind is NoteKind.SLOWER for n in entry.notes) and not entry.declines:
+            entry.state = State.SKIPPED
         return None, analysis, []
     return rewrite.rebuild(analysis, swaps, counter=entry), analysis, swaps
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from kvest._bench.requests import FlatReq, MixedReq, NestedReq
 from kvest.sglang import fingerprint, rewrite, upstream
-from kvest.sglang.registry import COMMON, EAGLE_UTILS, KINDS
+from kvest.sglang.registry import COMMON, EAGLE_UTILS, HOTSPOTS, KINDS
 
 __all__ = ["BeamGroup", "Unpatched", "request_maker", "self_test", "statement_pair"]
 
@@ -200,6 +200,18 @@ def statement_pair(analysis: rewrite.Analysis, found: rewrite.Found, spot: str
     # (its glue counts apart: a statement alone is no call of the hot spot)
     swap = make_swap(hits[0], f"{spot} (statement alone)", checked)
     return alone, rewrite.rebuild(again, [swap]), params
+
+
+def found_statement(tree: upstream.StandinTree, spot: str, kind: str
+                    ) -> tuple[rewrite.Analysis, rewrite.Found]:
+    """The statement of ``kind`` in hot spot ``spot`` of a stand-in tree, found
+    as the plan finds it, whether or not kvest installs its kernel there."""
+    record = HOTSPOTS[spot]
+    module = next(tree.modules[m] for m in record.modules if m in tree.modules)
+    owner = vars(module)[record.cls] if record.cls is not None else module
+    fn = vars(owner)[record.attr]
+    analysis = rewrite.analyse(getattr(fn, "__kvest_original__", fn), [kind])  # upstream's
+    return analysis, analysis.found[0]
 
 
 def check_statements(targets: list[Any], make: Callable[[Any, Any], Any], beams: bool,

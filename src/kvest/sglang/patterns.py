@@ -110,6 +110,9 @@ def table() -> str:
             found = [p for p in by_kind(use.kind) if spot.qualname in p.functions]
             seen = ", ".join(f"`{p.id}` ({_releases(list(p.releases))})" for p in found)
             where = f"`{spot.qualname}`" + (" in its callers" if use in spot.forms else "")
+            kernel = kind.kernel or "checked, never replaced"
+            if kind.upstream_faster:
+                kernel += " -- left to upstream, whose loop is faster (docs/benchmarks.md)"
             rows.append(f"| {where} | `{kind.name}`: {kind.summary} | {seen or 'none yet'} "
-                        f"| {kind.kernel or 'checked, never replaced'} |")
+                        f"| {kernel} |")
     return "\n".join(rows)
