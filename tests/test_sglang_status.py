@@ -6,6 +6,7 @@ On stand-in modules built from a release's own files (the newest at hand).
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import shutil
@@ -260,6 +261,7 @@ def _raiser(*args, **kwargs):
     raise LookupError("the shadowing definition ran")
 
 
+@functools.cache
 def _layouts():
     """The newest release at hand of each request layout (flat, mixed, nested)."""
     newest = {}
@@ -372,3 +374,45 @@ def test_an_index_that_runs_code_is_left_to_upstream():
         with pytest.raises(IndexError):
             batch.new_tokens_required_next_decode([_Rebinding(batch, 0), 3])
         assert len(batch.reqs) == len(twin.reqs) == 1
+
+
+def _annotated_tree(tree_source, tmp_path):
+    """The release's files with ``x: int = max(0, ...)`` in the spec-v2 loop and
+    ``new_pages: int = sum(...)`` in the estimate: annotations on locals, which
+    a function never evaluates (the same code)."""
+    for name in registry.files():
+        if tree_source.exists(name):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(tree_source.path(name), tmp_path / name)
+    path = tmp_path / registry.module_file(registry.BATCH)
+    text = path.read_text()
+    for old in ("            x = max(0, ", "            new_pages = sum("):
+        assert text.count(old) == 1, old
+        text = text.replace(old, old.replace(" = ", ": int = ", 1))
+    path.write_text(text)
+    return SourceTree(tmp_path, tree_source.version)
+
+
+@pytest.mark.parametrize("tree_source", _layouts(), ids=lambda t: t.version)
+def test_an_annotated_local_keeps_the_kernel(tree_source, tmp_path):
+    """On the newest release of each layout: the annotated statements are still
+    the patterns, compiled, and exact against the annotated code."""
+    source = _annotated_tree(tree_source, tmp_path)
+    with standin_tree(source) as tree:
+        original = vars(tree.batch_class)[SPEC_V2]
+        estimate = vars(tree.batch_class)[ESTIMATE]
+        batches = [(_batch(tree, spec), spec) for spec in (False, True)]
+        expected = [original(b, b.reqs, 16) for b, _ in batches] + [
+            estimate(b) for b, spec in batches if not spec]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # nothing said to be edited
+            handle = kvest.sglang.patch()
+        try:
+            spots = kvest.sglang.status()["hotspots"]
+            assert spots[SPEC_V2]["state"] == "replaced", spots[SPEC_V2]
+            assert any(p.startswith("decode_count") for p in spots[ESTIMATE]["patterns"])
+            got = [b._new_tokens_required_next_decode_spec_v2(b.reqs, 16) for b, _ in batches] \
+                + [b.new_tokens_required_next_decode() for b, spec in batches if not spec]
+            assert got == expected
+        finally:
+            handle.undo()
