@@ -44,6 +44,7 @@ def _plain(value):
 def _outcomes(side: str) -> tuple[dict, int]:
     tree = TREES[0]
     out = {}
+    before = fallbacks()  # (the process's counters: other tests' calls are in them)
     with tool.hot_spots(side, list(tool.SPOTS), SIZES, str(tree.root), tree.version) as (
             calls, arguments):
         for name, fn in calls.items():
@@ -54,7 +55,7 @@ def _outcomes(side: str) -> tuple[dict, int]:
                 if isinstance(result, list) and result and hasattr(result[0], "kv"):
                     result = _state(result)  # the selected requests, by their state
                 out[name, n] = (_plain(result), _state(reqs))
-        declined = fallbacks()
+        declined = fallbacks() - before
     return out, declined
 
 
