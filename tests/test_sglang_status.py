@@ -12,7 +12,6 @@ import random
 import shutil
 import sys
 import threading
-import types
 import warnings
 
 import pytest
@@ -215,6 +214,13 @@ def test_a_release_without_patterns_for_an_older_loop_raises_no_edit_warning():
             kvest.sglang.patch().undo()
 
 
+class _Plain:
+    """A plain object: its attributes in its instance dict."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+
 EXTRA_MODULE = "sglang.srt.kvest_extra"
 EXTRA_SOURCE = '''
 def count_member_rows(reqs):
@@ -245,8 +251,7 @@ def test_a_new_hot_spot_is_one_registry_record(tmp_path, monkeypatch, capsys):
         assert module.count_member_rows is not original
         report = kvest.sglang.status()["hotspots"]["count_member_rows"]
         assert report["state"] == "replaced" and report["patterns"][0].startswith("beam_rows")
-        reqs = [types.SimpleNamespace(beam_group=types.SimpleNamespace(num_member_rows=3)),
-                types.SimpleNamespace(beam_group=None)]
+        reqs = [_Plain(beam_group=_Plain(num_member_rows=3)), _Plain(beam_group=None)]
         assert module.count_member_rows(reqs) == original(reqs) == 3
         assert kvest.sglang.status()["hotspots"]["count_member_rows"]["kernel"] >= 1
     from kvest.cli import main as cli_main
