@@ -516,6 +516,32 @@ def test_types_mutated_between_calls(base, changes, pairs, p):
         check("plan", reqs, p, 16)
 
 
+def test_types_reborn_at_the_same_address():
+    """Routes worked out for a type outlive its call, keyed by type and version
+    tag: a new class where a freed one lay (slots where it kept a dict, or the
+    other way round) is worked out anew."""
+    import gc
+
+    for round_ in range(40):
+        slotted = round_ % 2 == 0
+        body = ({"__slots__": ("kv_committed_len", "kv_allocated_len")} if slotted else {})
+        cls = type(f"Reborn{round_}", (), body)
+        reqs = []
+        for c in (round_, 16, 17):
+            req = cls()
+            req.kv_committed_len, req.kv_allocated_len = c, c + round_ % 5
+            reqs.append(req)
+        for pure in (False, True):
+            for impl in IMPLS:
+                assert impl.decode_new_tokens_from_reqs(reqs, 16, pure=pure) == \
+                    16 * sum(1 for r in reqs if r.kv_committed_len % 16 == 0)
+                assert impl.spec_v2_new_tokens_from_reqs(reqs, 16, 3, pure=pure) == \
+                    reference.spec_v2_new_tokens([r.kv_committed_len for r in reqs],
+                                                 [r.kv_allocated_len for r in reqs], 16, 3)
+        del reqs, req, cls
+        gc.collect()
+
+
 def test_type_mutated_during_a_call():
     """A property that changes another request type mid-call: later requests see it."""
     class Victim(TinyFlat):

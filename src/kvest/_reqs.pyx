@@ -664,6 +664,13 @@ cdef str _MIXED = "mixed"
 cdef str _NESTED_LAYOUT = "nested"
 
 
+cdef inline bint _usual(object reqs, object indices, object layout, object flag) noexcept:
+    """Pure mode's usual call, told in C: the shared rule's checks
+    (``pure_reqs``, ``pure_args``) would find nothing to refuse."""
+    return ((type(reqs) is list or type(reqs) is tuple) and indices is None
+            and (layout is None or type(layout) is str) and (flag is True or flag is False))
+
+
 cdef int _pure_mode(object pure) except -1:
     """``pure=``: KV_PURE_STRICT or KV_PURE_OFF (a flag, as the others are)."""
     if pure is False:
@@ -729,7 +736,8 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layo
     that would need some raises :class:`kvest.ImpureRequest` instead.
     """
     cdef int pm = _pure_mode(pure)
-    if pm:
+    if pm and not (_usual(reqs, indices, layout, exact_ints) and type(page_size) is int
+                   and type(reserve) is int):
         pure_reqs(reqs)
         pure_args(indices, layout, ((exact_ints, "exact_ints"),),
                   ((page_size, "page_size"), (reserve, "reserve")))
@@ -751,7 +759,7 @@ def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None,
                                 exact_ints=False, pure=False):
     """:func:`decode_new_tokens` read straight from request objects."""
     cdef int pm = _pure_mode(pure)
-    if pm:
+    if pm and not (_usual(reqs, indices, layout, exact_ints) and type(page_size) is int):
         pure_reqs(reqs)
         pure_args(indices, layout, ((exact_ints, "exact_ints"),), ((page_size, "page_size"),))
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
@@ -779,7 +787,9 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_
     ``out[0]`` (cur) or ``out[1]`` (nxt).
     """
     cdef int pm = _pure_mode(pure)
-    if pm:
+    if pm and not (_usual(reqs, indices, layout, exact_ints) and type(page_size) is int
+                   and type(reserve) is int and (page_aligned is True or page_aligned is False)
+                   and out is None and (dtype is None or dtype is np.int32 or dtype is np.int64)):
         pure_reqs(reqs)
         pure_args(indices, layout, ((page_aligned, "page_aligned"), (exact_ints, "exact_ints")),
                   ((page_size, "page_size"), (reserve, "reserve")), out, dtype)
@@ -868,7 +878,7 @@ def beam_member_rows_from_reqs(reqs, indices=None, *, exact_ints=False, pure=Fal
     (with ``exact_ints=True``, only a value whose type is ``int``).
     """
     cdef int pm = _pure_mode(pure)
-    if pm:
+    if pm and not _usual(reqs, indices, None, exact_ints):
         pure_reqs(reqs)
         pure_args(indices, None, ((exact_ints, "exact_ints"),))
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
@@ -897,7 +907,7 @@ def beam_groups_from_reqs(reqs, indices=None, *, pure=False):
     Zero means SGLang's ``append_beam_tail`` has no member rows to append.
     """
     cdef int pm = _pure_mode(pure)
-    if pm:
+    if pm and not _usual(reqs, indices, None, False):
         pure_reqs(reqs)
         pure_args(indices)
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it

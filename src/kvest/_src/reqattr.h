@@ -98,6 +98,44 @@ static void kv_reader_init(kv_reader *r, PyTypeObject *t, PyObject *name, int pu
     r->hint = -1;
 }
 
+/* Layouts kept past a call, keyed as the call's own are (type, version tag)
+ * and by the names read: a type's routes are worked out once per tag, not
+ * once per call (a few hundred instructions per type, tools/instructions.py).
+ * Behind the fence a tag keys nothing past a call (typetag.h): none kept. */
+#if KV_SHORTCUTS && KV_PRIVATE
+#define KV_LAYOUT_MEMO 8
+typedef struct {
+    kv_layout layout;
+    PyObject *names[KV_NUM_NAMES];
+} kv_layout_kept;
+static kv_layout_kept kv_layouts_kept[KV_LAYOUT_MEMO];
+static int kv_layouts_next;
+
+static int kv_layout_recall(kv_cache *c, PyTypeObject *t, kv_layout *l)
+{
+    for (int i = 0; i < KV_LAYOUT_MEMO; i++) {
+        kv_layout_kept *e = &kv_layouts_kept[i];
+        if (kv_route_current(e->layout.type, e->layout.version, t)
+            && memcmp(e->names, c->names, sizeof(e->names)) == 0) {
+            *l = e->layout;
+            for (int k = 0; k < KV_NUM_NAMES; k++) /* the hints learned since */
+                if (l->read[k].route.get == KV_READ_DICT)
+                    l->read[k].hint = kv_hint_find(t, l->version, c->names[k]);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void kv_layout_keep(kv_cache *c, const kv_layout *l)
+{
+    kv_layout_kept *e = &kv_layouts_kept[kv_layouts_next];
+    kv_layouts_next = (kv_layouts_next + 1) % KV_LAYOUT_MEMO;
+    e->layout = *l;
+    memcpy(e->names, c->names, sizeof(e->names));
+}
+#endif
+
 static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
 {
     kv_layout *l = NULL;
@@ -107,6 +145,9 @@ static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
         l = &c->slots[c->next];
         c->next = (c->next + 1) % KV_CACHE_SLOTS;
     }
+#if KV_SHORTCUTS && KV_PRIVATE
+    if (kv_layout_recall(c, t, l)) return l;
+#endif
     for (int k = 0; k < KV_NUM_NAMES; k++)
         kv_reader_init(&l->read[k], t, c->names[k], c->pure);
     l->type = t;
@@ -118,6 +159,9 @@ static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
         for (int k = 0; k < KV_NUM_NAMES; k++)
             if (l->read[k].route.get == KV_READ_DICT)
                 l->read[k].hint = kv_hint_find(t, l->version, c->names[k]);
+#if KV_SHORTCUTS && KV_PRIVATE
+    if (l->type) kv_layout_keep(c, l);
+#endif
     return l;
 }
 
