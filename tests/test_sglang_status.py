@@ -32,7 +32,8 @@ SPEC_V2 = "_new_tokens_required_next_decode_spec_v2"
 
 # The keys of status(), pinned: monitoring scripts read them (docs/sglang.md).
 TOP_KEYS = {"kvest", "implementation", "sglang", "mode", "reason", "scheduler", "hotspots"}
-SPOT_KEYS = {"state", "reason", "patterns", "notes", "calls", "kernel", "fallbacks", "shadow"}
+SPOT_KEYS = {"state", "reason", "patterns", "notes", "calls", "kernel", "fallbacks", "upstream",
+             "shadow"}
 SHADOW_KEYS = {"compared", "mismatches", "kvest_us", "upstream_us", "ratio", "first_mismatch"}
 
 
@@ -223,8 +224,9 @@ class _Plain:
 
 EXTRA_MODULE = "sglang.srt.kvest_extra"
 EXTRA_SOURCE = '''
-def count_member_rows(reqs):
-    return sum(r.beam_group.num_member_rows for r in reqs if r.beam_group is not None)
+def count_new_pages(requests, page_size):
+    new_pages = sum(1 for r in requests if r.kv.kv_committed_len % page_size == 0)
+    return new_pages
 '''
 
 
@@ -238,28 +240,29 @@ def test_a_new_hot_spot_is_one_registry_record(tmp_path, monkeypatch, capsys):
             shutil.copy(NEWEST.path(name), tmp_path / name)
     extra = tmp_path / registry.module_file(EXTRA_MODULE)
     extra.write_text(EXTRA_SOURCE)
-    spot = registry.HotSpot("count_member_rows", (EXTRA_MODULE,), None, "count_member_rows",
-                            (registry.Use("beam_rows", {"reqs": "reqs"}),))
+    roles = {"target": "new_pages", "requests": "requests", "page_size": "page_size"}
+    spot = registry.HotSpot("count_new_pages", (EXTRA_MODULE,), None, "count_new_pages",
+                            (registry.Use("decode_count", roles),))
     monkeypatch.setitem(registry.HOTSPOTS, spot.name, spot)  # type: ignore[index]
     monkeypatch.setattr(monitor.STATE, "spots", dict(monitor.STATE.spots))
     source = SourceTree(tmp_path, NEWEST.version)
     with standin_tree(source, plugins=True) as tree:
         assert EXTRA_MODULE in tree.modules  # the loader read the registry
         module = tree.modules[EXTRA_MODULE]
-        original = module.count_member_rows
+        original = module.count_new_pages
         tree.modules["sglang.srt.plugins"].load_plugins()
-        assert module.count_member_rows is not original
-        report = kvest.sglang.status()["hotspots"]["count_member_rows"]
-        assert report["state"] == "replaced" and report["patterns"][0].startswith("beam_rows")
-        reqs = [_Plain(beam_group=_Plain(num_member_rows=3)), _Plain(beam_group=None)]
-        assert module.count_member_rows(reqs) == original(reqs) == 3
-        assert kvest.sglang.status()["hotspots"]["count_member_rows"]["kernel"] >= 1
+        assert module.count_new_pages is not original
+        report = kvest.sglang.status()["hotspots"]["count_new_pages"]
+        assert report["state"] == "replaced" and report["patterns"][0].startswith("decode_count")
+        reqs = [_Plain(kv=_Plain(kv_committed_len=c)) for c in (32, 33, 48)]
+        assert module.count_new_pages(reqs, 16) == original(reqs, 16) == 2
+        assert kvest.sglang.status()["hotspots"]["count_new_pages"]["kernel"] >= 1
     from kvest.cli import main as cli_main
 
     assert cli_main(["sglang", "--batches", "8", "--sglang-root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "  count_member_rows: replaced (beam_rows at line 3)" in out
-    assert "  count_member_rows: beam_rows at line 3: " in out
+    assert "  count_new_pages: replaced (decode_count/nested at line 3)" in out
+    assert "  count_new_pages: decode_count/nested at line 3: " in out
 
 
 def _raiser(*args, **kwargs):

@@ -6,6 +6,7 @@ instructions and simulated D1/LL data misses per request, upstream against kvest
     python tools/cachegrind_hotspots.py --check         # kvest only: check against the ceilings
     python tools/cachegrind_hotspots.py --update        # kvest only: rewrite the ceilings (+10%)
     python tools/cachegrind_hotspots.py --wheel W.whl   # upstream's files from a wheel
+    python tools/cachegrind_hotspots.py --no-handoff    # kvest's kernels at every size too
 
 Upstream's code is SGLang 0.5.23's own, taken from its files (an installed
 ``sglang`` distribution, or ``--wheel``; never imported) into
@@ -88,6 +89,8 @@ SPOTS: dict[str, tuple[str, str, str, str]] = {
     "estimate, selection": ("`new_tokens_required_next_decode(selected)`, every request "
                             "selected in a shuffled order", "function",
                             "new_tokens_required_next_decode", ""),
+    "estimate, EAGLE": ("`new_tokens_required_next_decode()`, EAGLE (the spec-v2 loop)",
+                        "function", "new_tokens_required_next_decode", ""),
     "check_decode_mem selection": ("`check_decode_mem`'s own list of the selected requests",
                                    "statement", "check_decode_mem", "select_requests"),
     "alloc lens": ("`page_aligned_decode_alloc_lens` (lists)", "function",
@@ -96,7 +99,8 @@ SPOTS: dict[str, tuple[str, str, str, str]] = {
                                       "alloc_for_decode_default", "add_lengths_loop"),
     "prepare_for_decode loop": ("`prepare_for_decode`'s batch-index loop", "statement",
                                 "prepare_for_decode", "batch_idx_loop"),
-    "num_beam_member_rows": ("`num_beam_member_rows`", "function", "num_beam_member_rows", ""),
+    "num_beam_member_rows": ("`num_beam_member_rows`", "function", "num_beam_member_rows",
+                             "beam_rows"),
     "append_beam_tail loop": ("`append_beam_tail`'s loop", "statement", "append_beam_tail",
                               "beam_tail_loop"),
 }
@@ -117,6 +121,8 @@ PASSES: dict[str, tuple[str, str]] = {
         "(decref); the list freed (objects: decref)",
         "4 -- 4 over the requests: the comprehension (objects: incref), objects (count), "
         "objects (beam rows), the list freed (objects: decref)"),
+    "estimate, EAGLE": ("2: pointers (address-order check), objects (the spec-v2 rows)",
+                        "1: objects (the loop)"),
     "check_decode_mem selection": (
         "5 -- 3 over the requests: indices unpacked into an argument tuple; itemgetter's "
         "tuple (objects: incref); `list()` of it (objects: incref); the tuple freed (objects: "
@@ -133,6 +139,7 @@ PASSES: dict[str, tuple[str, str]] = {
     "append_beam_tail loop": ("2: pointers (check), objects", "1: objects"),
 }
 EVENTS = ("Ir", "D1", "LL")
+NO_HANDOFF = False  # --no-handoff: small batches on kvest's kernels too
 # Where the batch's requests lie decides how many passes kvest's address-order
 # sort makes (addrorder.h): without address-space randomisation they lie at the
 # same addresses on every run.
@@ -182,7 +189,7 @@ def hot_spots(side: str, names: list[str], sizes: list[int], root: str, version:
             calls: dict[str, tuple[Any, tuple[str, ...]]] = {}
             for name in names:
                 _, how, spot, kind = SPOTS[name]
-                if how == "function":
+                if how == "function" and (spot in targets or not kind):
                     target = targets[spot]
                     fn = target.new if side == "kvest" else target.original
                     calls[name] = (fn, ())
@@ -205,20 +212,23 @@ def hot_spots(side: str, names: list[str], sizes: list[int], root: str, version:
                     reqs.append(req)
                 picked = list(range(n))
                 random.Random(n).shuffle(picked)
-                worlds[n] = (tree.batch(reqs, PAGE_SIZE, None), reqs, picked)
+                worlds[n] = (tree.batch(reqs, PAGE_SIZE, None), reqs, picked,
+                             tree.batch(reqs, PAGE_SIZE, "EAGLE"))
 
             def arguments(name: str, n: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-                batch, reqs, picked = worlds[n]
+                batch, reqs, picked, eagle = worlds[n]
                 if name == "estimate":
                     return (batch,), {}
+                if name == "estimate, EAGLE":
+                    return (eagle,), {}
                 if name == "estimate, selection":
                     return (batch, picked), {}
                 if name == "alloc lens":
                     return (reqs,), {"reserve": RESERVE, "page_size": PAGE_SIZE}
-                if name == "num_beam_member_rows":
+                if name == "num_beam_member_rows" and not calls[name][1]:
                     return (reqs,), {}
                 values = {"self": batch, "batch": batch, "selected_indices": picked,
-                          "token_per_req": 1, "t": 0}
+                          "reqs": reqs, "token_per_req": 1, "t": 0}
                 lists = ("entries", "tails", "tails_cpu", "leader_idx", "widths")
                 return tuple(values.get(p, [] if p in lists else None)
                              for p in calls[name][1]), {}
@@ -308,6 +318,8 @@ def _read_dumps(directory: Path, stem: str) -> dict[str, dict[str, int]]:
 def run(side: str, names: list[str], sizes: list[int], cold: list[int], helper: str,
         source: Any) -> dict[str, dict[str, int]]:
     env = dict(os.environ, PYTHONHASHSEED="0")
+    if NO_HANDOFF:  # kvest's kernels at every size: where they cross upstream's code
+        env["KVEST_SGLANG_HANDOFF"] = "0"
     with tempfile.TemporaryDirectory() as tmp:
         stem = "cg.out"
         code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
@@ -407,6 +419,7 @@ def crossover(results: dict[str, dict[str, dict[str, int]]], name: str
 
 
 def main() -> int:
+    global NO_HANDOFF
     args = sys.argv[1:]
     check, update, md = "--check" in args, "--update" in args, "--markdown" in args
     wheel = None
@@ -426,6 +439,8 @@ def main() -> int:
             saved = json.loads(Path(arg.split("=", 1)[1]).read_text())
             print(markdown(saved) if md else report(saved, [*CROSS_SIZES, *TABLE_SIZES]))
             return 0
+        elif arg == "--no-handoff":
+            NO_HANDOFF = True
         elif arg.startswith("--sizes="):  # a look at other sizes (not for the gate)
             only = [int(x) for x in arg.split("=", 1)[1].split(",")]
     scratch = tempfile.TemporaryDirectory()

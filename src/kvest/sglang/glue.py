@@ -28,6 +28,7 @@ import numpy as np
 import kvest
 from kvest.sglang import monitor
 from kvest.sglang.patterns import Pattern
+from kvest.sglang.registry import KINDS
 
 __all__ = ["DECLINED", "make_alloc_lens_int32", "make_num_new_pages"]
 
@@ -59,6 +60,20 @@ def _declined(spot: monitor.Spot) -> Any:
     return DECLINED
 
 
+def _handed(spot: monitor.Spot) -> Any:
+    """Count a call handed to upstream's statement for its batch's size, once per call."""
+    if spot.last_upstream != spot.calls:
+        spot.upstream += 1
+        spot.last_upstream = spot.calls
+    return DECLINED
+
+
+def _below(kind: str) -> int:
+    """The batch size from which the kind's kernel answers (0: every size): its
+    registry crossover, unless the plan asked for kernels at every size."""
+    return KINDS[kind].upstream_below if _STATE.handoff else 0
+
+
 def _first_call() -> None:
     monitor.announce()
 
@@ -67,11 +82,13 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
                       ) -> Callable[..., Any]:
     """``n = sum(1 for r in requests if <C> % page_size == 0)``: pages, not tokens."""
     kernel, spot = kvest.decode_new_tokens_from_reqs, monitor.spot(name)
-    layout = pattern.layout
+    layout, below = pattern.layout, _below(pattern.kind)
 
     def decode_count(requests: Any, page_size: Any, sum_: Any) -> int:
         if not _STATE.announced:
             _first_call()
+        if type(requests) in _SEQUENCES and len(requests) < below:
+            return _handed(spot)
         if sum_ is _SUM and type(requests) in _SEQUENCES and type(page_size) is int \
                 and page_size >= 1:
             try:
@@ -149,11 +166,14 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
     home = ceil_align.__globals__
     # A helper's code replaced in place (an autoreload) keeps its identity.
     align_code, div_code = ceil_align.__code__, ceil_div.__code__
+    below = _below(pattern.kind)
 
     def spec_v2_total(total: Any, requests: Any, page_size: Any, reserve: Any, max_: Any,
                       ceil_align_: Any) -> int:
         if not _STATE.announced:
             _first_call()
+        if type(requests) in _SEQUENCES and len(requests) < below:
+            return _handed(spot)
         if (max_ is _MAX and ceil_align_ is ceil_align and home.get("ceil_div") is ceil_div
                 and ceil_align.__code__ is align_code and ceil_div.__code__ is div_code
                 and type(total) is int and type(requests) in _SEQUENCES
@@ -174,10 +194,13 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
 def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Callable[..., Any]:
     """``return sum(r.beam_group.num_member_rows for r in reqs if r.beam_group is not None)``."""
     kernel, spot = kvest.beam_member_rows_from_reqs, monitor.spot(name)
+    below = _below(pattern.kind)
 
     def beam_rows(reqs: Any, sum_: Any) -> int:
         if not _STATE.announced:
             _first_call()
+        if type(reqs) in _SEQUENCES and len(reqs) < below:
+            return _handed(spot)
         if sum_ is _SUM and type(reqs) in _SEQUENCES:
             try:
                 rows = kernel(reqs, exact_ints=True, pure=True)
@@ -196,12 +219,14 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     and adding ``nxt - cur`` to a total: the plan kernel, then the two lists
     written whole (only once every value is known)."""
     kernel, spot = kvest.decode_alloc_plan_from_reqs, monitor.spot(name)
-    layout = pattern.layout
+    layout, below = pattern.layout, _below(pattern.kind)
 
     def alloc_lens_loop(reqs: Any, reserve: Any, page_size: Any, cur: Any, nxt: Any,
                         total: Any, enumerate_: Any, max_: Any) -> int:
         if not _STATE.announced:
             _first_call()
+        if type(reqs) in _SEQUENCES and len(reqs) < below:
+            return _handed(spot)
         if (enumerate_ is _ENUMERATE and max_ is _MAX and type(reqs) in _SEQUENCES
                 and type(cur) is list and type(nxt) is list
                 and len(cur) == len(reqs) == len(nxt) and type(total) is int
@@ -294,12 +319,15 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     reading it here and again in upstream's loop give the same list, and
     ``enumerate`` the builtin."""
     kernel, spot = kvest.beam_groups_from_reqs, monitor.spot(name)
+    below = _below(pattern.kind)
 
     def beam_tail_loop(owner: Any, enumerate_: Any) -> Any:
         if not _STATE.announced:
             _first_call()
         if enumerate_ is _ENUMERATE and not _lookup_is_special(type(owner), "reqs"):
             reqs = vars(owner).get("reqs")
+            if type(reqs) is list and len(reqs) < below:
+                return _handed(spot)
             if type(reqs) is list:
                 try:
                     groups = kernel(reqs, pure=True)
@@ -398,11 +426,15 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
     """
     plan, int32, spot = kvest.decode_alloc_plan_from_reqs, np.int32, monitor.spot(name)
     layout, resolves = pattern.layout, _resolver(original, pattern)
+    below = _below(pattern.kind)
 
     def page_aligned_decode_alloc_lens(reqs: Any, *, reserve: Any, page_size: Any) -> Any:
         if not _STATE.announced:
             _first_call()
         spot.calls += 1
+        if type(reqs) in _SEQUENCES and len(reqs) < below:
+            _handed(spot)
+            return original(reqs, reserve=reserve, page_size=page_size)
         if type(reqs) in _SEQUENCES and type(reserve) is int and reserve >= 0 \
                 and type(page_size) is int and page_size >= 1 and resolves():
             try:

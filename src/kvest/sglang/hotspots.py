@@ -106,7 +106,7 @@ def _mark(new: Any, original: Any, patterns_: list[str]) -> Any:
 
 
 def plan(import_modules: bool = True, mode: Mode = Mode.ON, reason: str = "kvest.sglang.patch()",
-         complete: bool = False) -> Plan:
+         complete: bool = False, small_to_upstream: bool | None = None) -> Plan:
     """Inspect the loaded sglang modules and plan the replacements.
 
     With ``import_modules`` the scheduler's modules are imported if they are
@@ -115,6 +115,8 @@ def plan(import_modules: bool = True, mode: Mode = Mode.ON, reason: str = "kvest
     that never use it), and a hot spot whose module is not there is "not
     loaded" -- or, with ``complete`` (the doctor's stand-in modules: every
     module the release has), "absent".  Without the scheduler nothing is planned.
+    ``small_to_upstream`` as in :func:`kvest.sglang.monitor.reset` (the doctor
+    checks the kernels at every batch size).
     """
     version = _version()
 
@@ -132,7 +134,7 @@ def plan(import_modules: bool = True, mode: Mode = Mode.ON, reason: str = "kvest
     if not scheduler and mode is not Mode.OFF:
         mode, reason = Mode.OFF, "no SGLang scheduler in this process: nothing to replace"
     result = Plan(version, mode, scheduler=scheduler)
-    monitor.reset(mode, reason, version, scheduler)
+    monitor.reset(mode, reason, version, scheduler, small_to_upstream)
     if mode is Mode.OFF:
         return result
     for spot in HOTSPOTS.values():

@@ -14,7 +14,13 @@ Every hot spot of :mod:`kvest.sglang.registry` has one :class:`Spot` for the
 life of the process: a second ``patch()`` plans again into the same spots, so
 the glue already running keeps counting where :func:`status` reads.  Counters
 are per call of the hot-spot function: ``calls``, ``fallbacks`` (calls in which
-a kernel declined and upstream's statement answered), ``kernel`` (the rest).
+a kernel declined and upstream's statement answered), ``upstream`` (calls whose
+batch was too small for the kernel to gain, handed to upstream's statement on
+purpose: the kind's ``upstream_below`` in the registry), ``kernel`` (the rest).
+
+``KVEST_SGLANG_HANDOFF`` (read when the plugin plans): unset or on, small
+batches go to upstream's statement as above; ``0``/``off``/``false``/``no``,
+kvest's kernels answer at every batch size (what the doctor checks).
 """
 
 from __future__ import annotations
@@ -57,6 +63,15 @@ class Switch(NamedTuple):
     mode: Mode
     reason: str
     warning: str | None = None
+
+
+HANDOFF_ENV = "KVEST_SGLANG_HANDOFF"
+
+
+def handoff(environ: dict[str, str] | None = None) -> bool:
+    """Whether batches too small for a kernel to gain go to upstream's statement."""
+    raw = (os.environ if environ is None else environ).get(HANDOFF_ENV, "")
+    return raw.strip().lower() not in _OFF
 
 
 def switch(environ: dict[str, str] | None = None) -> Switch:
@@ -111,6 +126,8 @@ class Spot:
     calls: int = 0
     fallbacks: int = 0
     last_fallback: int = -1  # the call in which a decline was last counted
+    upstream: int = 0  # calls handed to upstream's statement: a batch too small to gain
+    last_upstream: int = -1
     compared: int = 0  # shadow mode
     mismatches: int = 0
     first_mismatch: str | None = None
@@ -151,6 +168,7 @@ class _State:
         self.scheduler = False
         self.spots: dict[str, Spot] = {name: Spot(name) for name in HOTSPOTS}
         self.announced = False
+        self.handoff = True  # small batches to upstream's statement (HANDOFF_ENV)
         self.last_summary = time.monotonic()
         self.atexit = False
         # (owner, attribute, upstream's function, kvest's) registered with SGLang's
@@ -162,12 +180,17 @@ STATE = _State()
 _side = threading.local()  # which side a shadow call is running on this thread
 
 
-def reset(mode: Mode, reason: str, sglang: str, scheduler: bool) -> None:
-    """A new plan: every hot spot's state and notes start again; counters go on."""
+def reset(mode: Mode, reason: str, sglang: str, scheduler: bool,
+          small_to_upstream: bool | None = None) -> None:
+    """A new plan: every hot spot's state and notes start again; counters go on.
+    ``small_to_upstream``: whether small batches go to upstream's statement
+    (``None``: as ``KVEST_SGLANG_HANDOFF`` says; never in shadow mode)."""
     with STATE.lock:
         STATE.mode, STATE.reason = mode, reason
         STATE.sglang, STATE.scheduler, STATE.loaded = sglang, scheduler, True
         STATE.announced = False
+        wanted = handoff() if small_to_upstream is None else small_to_upstream
+        STATE.handoff = wanted and mode is not Mode.SHADOW  # shadow compares kernels
         STATE.hooked = []
         first = State.OFF if mode is Mode.OFF else State.NOT_LOADED
         for entry in STATE.spots.values():
@@ -214,7 +237,8 @@ def status() -> dict[str, Any]:
     spot of the registry, in every mode: ``state``, ``reason`` (why it, or a
     statement of it, is not compiled; ``None`` where all of it is),
     ``patterns`` (compiled), ``notes``, ``calls``, ``kernel``, ``fallbacks``,
-    and ``shadow``: ``compared``,
+    ``upstream`` (calls whose batch was too small to gain, handed to upstream's
+    statement), and ``shadow``: ``compared``,
     ``mismatches``, ``kvest_us`` and ``upstream_us`` (``median`` and ``p99`` of
     the recent calls), ``ratio`` (upstream's median over kvest's) and
     ``first_mismatch``.
@@ -235,7 +259,7 @@ def status() -> dict[str, Any]:
 
 
 def _entry(s: Spot) -> dict[str, Any]:
-    calls, fallbacks = s.calls, s.fallbacks
+    calls, fallbacks, handed = s.calls, s.fallbacks, s.upstream
     kvest_us = {"median": s.kvest_ns.quantile(0.5), "p99": s.kvest_ns.quantile(0.99)}
     upstream_us = {"median": s.upstream_ns.quantile(0.5), "p99": s.upstream_ns.quantile(0.99)}
     ratio = (upstream_us["median"] / kvest_us["median"]
@@ -243,7 +267,8 @@ def _entry(s: Spot) -> dict[str, Any]:
     return {
         "state": s.state.value, "reason": s.reason, "patterns": list(s.patterns),
         "notes": [n.text for n in s.notes],
-        "calls": calls, "kernel": max(0, calls - fallbacks), "fallbacks": fallbacks,
+        "calls": calls, "kernel": max(0, calls - fallbacks - handed), "fallbacks": fallbacks,
+        "upstream": handed,
         "shadow": {"compared": s.compared, "mismatches": s.mismatches, "kvest_us": kvest_us,
                    "upstream_us": upstream_us, "ratio": ratio,
                    "first_mismatch": s.first_mismatch},

@@ -170,6 +170,10 @@ class Kind(NamedTuple):
     # why upstream's statement is faster than kvest's kernel (measured), if it is:
     # then kvest leaves it to upstream at install, and says so
     upstream_faster: str = ""
+    # batches of fewer requests go to upstream's statement: below this its code
+    # takes fewer instructions than kvest's glue and kernel (the crossover,
+    # tools/cachegrind_hotspots.py, docs/benchmarks.md); 0: never
+    upstream_below: int = 0
 
     @property
     def whole(self) -> bool:
@@ -185,37 +189,51 @@ def _kinds(*kinds: Kind) -> dict[str, Kind]:
 # release-shaped requests, instructions a request).
 _NEW_INTS = ("upstream's loop is faster: kvest's writer, making a new int for every write as "
              "CPython does, takes {} instructions a request against the loop's {}")
+# Crossovers: the smallest batch measured (1, 2, 4, ..., 128, 256, 1,024, 4,096)
+# from which kvest's glue and kernel take fewer instructions per call than
+# upstream's code (tools/cachegrind_hotspots.py --no-handoff; docs/benchmarks.md).
+_CROSS_DECODE = 32  # the no-spec estimate
+_CROSS_SPEC_V2 = 2  # the EAGLE estimate
+_CROSS_BEAM_TAIL = 128  # append_beam_tail
+_CROSS_ALLOC_LENS = 8  # page_aligned_decode_alloc_lens
+_SLOWER = "upstream's code is faster: kvest's {} takes {} instructions a request against the {} {}"
 
 KINDS: Mapping[str, Kind] = _kinds(
     Kind("select_requests", "the list of selected requests", "`operator.itemgetter`",
          _selection, (Accepted("fca0c46ba1a5", "select_requests"),),
-         inputs=("owner", "selected"), binds="target", older_shapes=True),
+         inputs=("owner", "selected"), binds="target", older_shapes=True,
+         upstream_faster=_SLOWER.format("list (its indices checked to be exact ints, then "
+                                        "`operator.itemgetter`)", 385, "comprehension's", 218)),
     Kind("decode_count", "the count of requests whose committed length is on a page boundary",
          "`decode_new_tokens_from_reqs`", _assign_of_sum,
          (Accepted("df1187ec4fb9", "decode_count/flat", "flat"),
           Accepted("720dd25ff1a7", "decode_count/nested", "nested")),
-         inputs=("requests", "page_size"), binds="target"),
+         inputs=("requests", "page_size"), binds="target", upstream_below=_CROSS_DECODE),
     Kind("spec_v2_total", "the spec-v2 loop", "`spec_v2_new_tokens_from_reqs`", _is_for,
          (Accepted("a7767a028b04", "spec_v2_total/flat/2x", "flat", 2, "alloc_len"),
           Accepted("ac283f7fb881", "spec_v2_total/flat", "flat"),
           Accepted("b26520a658a2", "spec_v2_total/mixed", "mixed"),
           Accepted("5c9eaf01b495", "spec_v2_total/nested", "nested")),
-         inputs=("total", "requests", "page_size", "reserve"), binds="total"),
+         inputs=("total", "requests", "page_size", "reserve"), binds="total",
+         upstream_below=_CROSS_SPEC_V2),
     Kind("beam_rows", "the member rows of the requests with a beam group",
          "`beam_member_rows_from_reqs`", _is_return, (Accepted("000952999d89", "beam_rows"),),
-         inputs=("reqs",), binds=None),
+         inputs=("reqs",), binds=None,
+         upstream_faster=_SLOWER.format("kernel", 235, "generator's", 137)),
     Kind("beam_tail_loop", "the loop collecting the beam groups' member rows, skipped when "
          "no request is in a beam group", "`beam_groups_from_reqs`", _is_for,
          (Accepted("12869f036c9f", "beam_tail_loop"),),
          # reads only; but append_beam_tail extends the batch when a request is in a group
-         inputs=("owner",), reads=("enumerate",), writes=True),
+         inputs=("owner",), reads=("enumerate",), writes=True, upstream_below=_CROSS_BEAM_TAIL),
     Kind("alloc_lens_loop", "the loop filling `cur`, `nxt` and the total",
          "`decode_alloc_plan_from_reqs`, lists written whole", _is_for,
          (Accepted("41109038e55f", "alloc_lens_loop/nested", "nested"),),
-         inputs=("reqs", "reserve", "page_size", "cur", "nxt", "total"), binds="total"),
+         inputs=("reqs", "reserve", "page_size", "cur", "nxt", "total"), binds="total",
+         upstream_below=_CROSS_ALLOC_LENS),
     Kind("alloc_lens_function", "the whole function, for callers that make int32 tensors of "
          "its lists", "the plan as int32 arrays", None,
-         (Accepted("c7fcaae0bb6b", "alloc_lens_function/nested", "nested"),)),
+         (Accepted("c7fcaae0bb6b", "alloc_lens_function/nested", "nested"),),
+         upstream_below=_CROSS_ALLOC_LENS),
     Kind("get_num_new_pages", "the whole function", "`num_new_pages` on `Tensor.numpy()`",
          None, (Accepted("9bda6bd0efc8", "get_num_new_pages"),)),
     Kind("ceil_align", "the helper (checked, never replaced)", "", None,
