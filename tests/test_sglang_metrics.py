@@ -35,22 +35,11 @@ NEW_SHAPE = {
         },
     },
 }
-OLD_SHAPE = {
-    "mode": "shadow", "sglang": "0.5.23", "scheduler": True,
-    "hotspots": {"get_num_new_pages": {
-        "state": "shadow", "patterns": [], "notes": [], "kernel": 4, "fallbacks": 1,
-        "shadow_calls": 7, "mismatches": 1, "kvest_ns": 0, "upstream_ns": 0,
-        "first_mismatch": None}},
-}
-
-
-def test_counters_read_both_status_shapes():
+def test_counters_read_the_status_shape():
     spot = NEW_SHAPE["hotspots"]
     assert metrics._counters(spot["new_tokens_required_next_decode"]) == {
         "kernel": 12, "fallback": 2, "upstream": 3, "compared": 0, "mismatches": 0}
     assert metrics._counters(spot["get_num_new_pages"])["compared"] == 9
-    assert metrics._counters(OLD_SHAPE["hotspots"]["get_num_new_pages"]) == {
-        "kernel": 4, "fallback": 1, "upstream": 0, "compared": 7, "mismatches": 1}
     assert metrics._counters({}) == dict.fromkeys(
         ("kernel", "fallback", "upstream", "compared", "mismatches"), 0)
     assert metrics._counters({"kernel": None, "fallbacks": "x", "shadow": {}})["kernel"] == 0
@@ -165,16 +154,6 @@ def test_each_increase_counted_once(multiproc):
     assert metrics.sync()
     got = read_back(multiproc)
     assert (got[mode("on")], got[mode("shadow")], got[mode("off")]) == (0.0, 1.0, 0.0)
-
-
-def test_older_status_shape_exported(multiproc):
-    assert metrics.start(Status(OLD_SHAPE), scheduler=True)
-    got = read_back(multiproc)
-    assert got[calls("get_num_new_pages", "kernel")] == 4.0
-    assert got[calls("get_num_new_pages", "fallback")] == 1.0
-    assert got[calls("get_num_new_pages", "upstream")] == 0.0
-    assert got[shadow("comparisons", "get_num_new_pages")] == 7.0
-    assert got[mode("shadow")] == 1.0
 
 
 def test_start_once_per_process(multiproc):

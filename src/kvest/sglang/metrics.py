@@ -56,20 +56,17 @@ def _int(value: Any) -> int:
 
 
 def _counters(entry: Mapping[str, Any]) -> dict[str, int]:
-    """One hot spot's counters from its ``status()`` entry, in either shape:
-    ``kernel``, ``fallbacks``, ``upstream`` and ``shadow: {compared,
-    mismatches}``, or the older flat ``shadow_calls`` and ``mismatches``."""
+    """One hot spot's counters from its ``status()`` entry: ``kernel``,
+    ``fallbacks``, ``upstream`` and ``shadow: {compared, mismatches}``."""
     shadow = entry.get("shadow")
-    if isinstance(shadow, Mapping):
-        compared, mismatches = shadow.get("compared", 0), shadow.get("mismatches", 0)
-    else:
-        compared, mismatches = entry.get("shadow_calls", 0), entry.get("mismatches", 0)
+    if not isinstance(shadow, Mapping):
+        shadow = {}
     return {
         "kernel": _int(entry.get("kernel", 0)),
         "fallback": _int(entry.get("fallbacks", 0)),
         "upstream": _int(entry.get("upstream", 0)),
-        "compared": _int(compared),
-        "mismatches": _int(mismatches),
+        "compared": _int(shadow.get("compared", 0)),
+        "mismatches": _int(shadow.get("mismatches", 0)),
     }
 
 

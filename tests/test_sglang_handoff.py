@@ -1,0 +1,105 @@
+"""Small batches go to upstream's statement: below a kind's crossover (the
+registry's ``Kind.upstream_below``) kvest's glue and kernel would cost more
+than upstream's own code, so the glue hands the call back after one length
+check, and ``status()`` counts it as ``upstream``, apart from fallbacks.
+
+On stand-in modules built from the newest release at hand.  (The rest of the
+suite runs with ``KVEST_SGLANG_HANDOFF=0``, tests/conftest.py, so that its
+small batches reach the kernels.)
+"""
+
+from __future__ import annotations
+
+import pytest
+from sglang_releases import check_required, releases
+from sglang_standins import request_class
+
+import kvest.sglang
+from kvest.sglang import metrics, monitor, registry
+from kvest.sglang.upstream import Config, standin_tree
+
+check_required(releases())
+if not releases():
+    pytest.skip("no sglang release available", allow_module_level=True)
+NEWEST = releases()[-1]
+ESTIMATE = "new_tokens_required_next_decode"
+SPEC_V2 = "_new_tokens_required_next_decode_spec_v2"
+# hot spot -> (the kind whose crossover it follows, EAGLE or not)
+ESTIMATES = {ESTIMATE: ("decode_count", False), SPEC_V2: ("spec_v2_total", True)}
+
+
+def _batch(tree, spec, n):
+    tree.config = Config("EAGLE" if spec else None, 3, 1, 4, 16)
+    make = request_class(tree.layout())
+    reqs = [make(16 * (i % 3) + i % 2, 16 * (i % 3) + 5) for i in range(n)]
+    return tree.batch(reqs, 16, "EAGLE" if spec else None)
+
+
+def _counts(spot):
+    entry = kvest.sglang.status()["hotspots"][spot]
+    return entry["calls"], entry["kernel"], entry["fallbacks"], entry["upstream"]
+
+
+@pytest.fixture
+def handoff_on(monkeypatch):
+    monkeypatch.delenv("KVEST_SGLANG_HANDOFF", raising=False)
+
+
+@pytest.mark.parametrize("spot", list(ESTIMATES))
+def test_below_the_crossover_upstream_answers(spot, handoff_on):
+    kind, spec = ESTIMATES[spot]
+    below = registry.KINDS[kind].upstream_below
+    assert below > 1  # measured: one request costs kvest's glue more than upstream's loop
+    with standin_tree(NEWEST) as tree:
+        small, large = _batch(tree, spec, below - 1), _batch(tree, spec, below)
+        expected = [b.new_tokens_required_next_decode() for b in (small, large)]
+        with kvest.sglang.patch():
+            calls, kernel, fallbacks, upstream = _counts(spot)
+            assert small.new_tokens_required_next_decode() == expected[0]
+            assert _counts(spot) == (calls + 1, kernel, fallbacks, upstream + 1)
+            assert large.new_tokens_required_next_decode() == expected[1]
+            assert _counts(spot) == (calls + 2, kernel + 1, fallbacks, upstream + 1)
+
+
+def test_the_switch_puts_every_size_on_the_kernels(monkeypatch):
+    monkeypatch.setenv("KVEST_SGLANG_HANDOFF", "0")
+    with standin_tree(NEWEST) as tree:
+        small = _batch(tree, False, 1)
+        expected = small.new_tokens_required_next_decode()
+        with kvest.sglang.patch():
+            calls, kernel, fallbacks, upstream = _counts(ESTIMATE)
+            assert small.new_tokens_required_next_decode() == expected
+            assert _counts(ESTIMATE) == (calls + 1, kernel + 1, fallbacks, upstream)
+
+
+def test_shadow_mode_compares_the_kernels_at_every_size(handoff_on):
+    with standin_tree(NEWEST) as tree:
+        small = _batch(tree, False, 1)
+        expected = small.new_tokens_required_next_decode()
+        with kvest.sglang.patch(shadow=True):
+            before = kvest.sglang.status()["hotspots"][ESTIMATE]
+            assert small.new_tokens_required_next_decode() == expected
+            after = kvest.sglang.status()["hotspots"][ESTIMATE]
+    assert after["upstream"] == before["upstream"]
+    assert after["shadow"]["compared"] == before["shadow"]["compared"] + 1
+
+
+def test_a_handed_call_is_counted_once_and_reaches_the_metrics(handoff_on):
+    below = registry.KINDS["decode_count"].upstream_below
+    with standin_tree(NEWEST) as tree:
+        small = _batch(tree, False, below - 1)
+        with kvest.sglang.patch():
+            before = metrics._counters(kvest.sglang.status()["hotspots"][ESTIMATE])
+            for _ in range(3):
+                small.new_tokens_required_next_decode()
+            after = metrics._counters(kvest.sglang.status()["hotspots"][ESTIMATE])
+    assert after["upstream"] - before["upstream"] == 3
+    assert after["kernel"] == before["kernel"] and after["fallback"] == before["fallback"]
+
+
+def test_the_plan_reads_the_switch(monkeypatch):
+    for value, expected in (("0", False), ("off", False), ("1", True), ("", True)):
+        monkeypatch.setenv("KVEST_SGLANG_HANDOFF", value)
+        assert monitor.handoff() is expected
+        with standin_tree(NEWEST), kvest.sglang.patch():
+            assert monitor.STATE.handoff is expected
