@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import operator
+import random
+import sys
 
 import numpy as np
 import pytest
@@ -514,6 +516,49 @@ def test_types_mutated_between_calls(base, changes, pairs, p):
         check("spec_v2", reqs, p, 16)
         check("decode", reqs, p)
         check("plan", reqs, p, 16)
+
+
+def test_dict_entries_read_where_they_sit():
+    """Lengths in instance dicts of every kind the entry read meets: split
+    tables (few attributes), combined ones with str keys and with a non-str key,
+    entries deleted and added back (a learned hint then points elsewhere), each
+    request's dict in its own order."""
+    from kvest import _reqs, _writes
+
+    private = not _reqs._PUBLIC_API_ONLY and (3, 11) <= sys.version_info[:2] <= (3, 13)
+    assert _reqs._DICT_ENTRIES == _writes._DICT_ENTRIES == private
+
+    class Req:
+        pass
+
+    rng = random.Random(7)
+    reqs = []
+    for i in range(64):
+        req = Req()
+        names = [f"a{j}" for j in range(rng.choice((0, 3, 40)))]
+        rng.shuffle(names)
+        for name in names[: len(names) // 2]:
+            setattr(req, name, -i)
+        req.kv_committed_len = rng.randrange(0, 200)
+        req.kv_allocated_len = req.kv_committed_len + rng.randrange(0, 20)
+        for name in names[len(names) // 2:]:
+            setattr(req, name, i)
+        if i % 7 == 3:
+            del req.kv_committed_len
+            req.kv_committed_len = 16 * i
+        if i % 11 == 5:
+            req.__dict__[i] = "a key that is not a str"
+        reqs.append(req)
+    for _ in range(3):  # hints learned on the first call, used on the next ones
+        for pure in (False, True):
+            c = [r.kv_committed_len for r in reqs]
+            a = [r.kv_allocated_len for r in reqs]
+            assert kvest.decode_new_tokens_from_reqs(reqs, 16, pure=pure) == \
+                reference.decode_new_tokens(c, 16)
+            assert kvest.spec_v2_new_tokens_from_reqs(reqs, 16, 5, pure=pure) == \
+                reference.spec_v2_new_tokens(c, a, 16, 5)
+        kvest.add_to_attrs(reqs, (("kv_allocated_len",),), 1)
+        assert [r.kv_allocated_len for r in reqs] == [x + 1 for x in a]
 
 
 def test_types_reborn_at_the_same_address():

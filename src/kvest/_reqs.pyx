@@ -108,6 +108,9 @@ cdef extern from "reqattr.h":
     void kv_req_forget(kv_req_state *st)
     int kv_req_length(kv_cache *c, PyObject *req, int which, int at, kv_req_state *st,
                       int64_t *length, PyObject **value)
+    bint kv_req_quick(kv_cache *c, PyObject *req, int at_committed, int at_allocated,
+                      bint both, int64_t *committed, int64_t *allocated)
+    bint kv_group_quick(kv_cache *c, PyObject *req, int *grouped)
 
 
 cdef extern from "typetag.h":
@@ -117,6 +120,18 @@ cdef extern from "typetag.h":
 # Whether this build keeps to CPython's public API (the fence, typetag.h): on
 # any Python newer than 3.13, or built with KVEST_PUBLIC_API_ONLY=1 (CI checks it).
 _PUBLIC_API_ONLY = not KV_PRIVATE
+
+
+cdef extern from "reqroute.h":
+    int kv_dict_entries_check() except -1
+    int kv_dict_entries_ok
+    enum:
+        KV_DICT_ENTRIES
+
+# Whether instance-dict entries are read where CPython keeps them (3.11 to
+# 3.13, found at import to agree with PyDict_Next; reqroute.h), for the tests.
+kv_dict_entries_check()
+_DICT_ENTRIES = bool(KV_DICT_ENTRIES and kv_dict_entries_ok)
 
 
 cdef extern from "addrorder.h":
@@ -346,7 +361,30 @@ cdef inline bint _spec_v2_add(Job *job, int64_t c, int64_t a) noexcept:
 
 cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
     """One request's row: 0, or GAVE_UP (quick mode only: nothing raised, nothing
-    but the job changed)."""
+    but the job changed).  The estimates' common request here, inline in the
+    walk; anything else (and the plan) in :func:`_row_general`."""
+    cdef int64_t c = 0, a = 0
+    cdef int grouped = 0
+    if job.kind == DECODE:
+        if kv_req_quick(cache, <PyObject *>req, job.at_committed, job.at_allocated, False,
+                        &c, &a):
+            _decode_add(job, c)
+            return 0
+    elif job.kind == SPEC_V2:
+        if kv_req_quick(cache, <PyObject *>req, job.at_committed, job.at_allocated, True,
+                        &c, &a):
+            if _spec_v2_add(job, c, a):
+                return _overflow(job, pos, c, a)
+            return 0
+    elif job.kind == BEAM_GROUPS:
+        if kv_group_quick(cache, <PyObject *>req, &grouped):
+            job.count += grouped
+            return 0
+    return _general(job, cache, req, pos)
+
+
+cdef int _row_general(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
+    """:func:`_row` for every kind and request."""
     cdef kv_req_state st
     cdef int64_t c = 0, a = 0, nxt
     cdef uint64_t nxt_fast, pages
@@ -356,28 +394,30 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
         return _beam_row(job, cache, req, pos)
     if job.kind == BEAM_GROUPS:
         return _beam_group_row(job, cache, req, pos)
-    kv_req_begin(&st)
-    # _length's two steps written out here: the C read inline in the walk.
-    status = kv_req_length(cache, <PyObject *>req, KV_COMMITTED, job.at_committed, &st, &c,
-                           &value)
-    if status != KV_LEN_OK:
-        c = _length_slow(status, cache, req, pos, KV_COMMITTED, job.at_committed, &st, value,
-                         job.exact)
-    if c == QUICK_MISS:
+    if not (job.kind == PLAN and kv_req_quick(cache, <PyObject *>req, job.at_committed,
+                                              job.at_allocated, True, &c, &a)):
+        kv_req_begin(&st)
+        # _length's two steps written out here: the C read inline in the walk.
+        status = kv_req_length(cache, <PyObject *>req, KV_COMMITTED, job.at_committed, &st,
+                               &c, &value)
+        if status != KV_LEN_OK:
+            c = _length_slow(status, cache, req, pos, KV_COMMITTED, job.at_committed, &st,
+                             value, job.exact)
+        if c == QUICK_MISS:
+            kv_req_forget(&st)
+            return GAVE_UP
+        if job.kind != DECODE:
+            status = kv_req_length(cache, <PyObject *>req, KV_ALLOCATED, job.at_allocated,
+                                   &st, &a, &value)
+            if status != KV_LEN_OK:
+                a = _length_slow(status, cache, req, pos, KV_ALLOCATED, job.at_allocated,
+                                 &st, value, job.exact)
         kv_req_forget(&st)
-        return GAVE_UP
+        if a == QUICK_MISS:
+            return GAVE_UP
     if job.kind == DECODE:
-        kv_req_forget(&st)
         _decode_add(job, c)
         return 0
-    status = kv_req_length(cache, <PyObject *>req, KV_ALLOCATED, job.at_allocated, &st, &a,
-                           &value)
-    if status != KV_LEN_OK:
-        a = _length_slow(status, cache, req, pos, KV_ALLOCATED, job.at_allocated, &st, value,
-                         job.exact)
-    kv_req_forget(&st)
-    if a == QUICK_MISS:
-        return GAVE_UP
     cdef bint fast_row = job.fast and <uint64_t>(c | a) < KV_FAST_LIMIT
     if job.kind == SPEC_V2:
         if _spec_v2_add(job, c, a):
@@ -409,6 +449,12 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
     job.pages += pages  # pages <= tokens: cannot overflow
     job.row += 1
     return 0
+
+
+# Called through a pointer: the compiler keeps the general row out of _row,
+# which then stays small.
+ctypedef int (*_row_fn)(Job *, kv_cache *, object, Py_ssize_t) except -1
+cdef _row_fn _general = _row_general
 
 
 # ------------------------------------------------------- in address order

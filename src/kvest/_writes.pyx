@@ -48,6 +48,16 @@ cdef extern from "reqwrite.h":
     int kw_max_all(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *steps, Py_ssize_t n,
                    int strict) except -1
 
+cdef extern from "reqroute.h":
+    int kv_dict_entries_check() except -1
+    int kv_dict_entries_ok
+    enum:
+        KV_DICT_ENTRIES
+
+# The instance-dict entry read, as in kvest._reqs (reqroute.h).
+kv_dict_entries_check()
+_DICT_ENTRIES = bool(KV_DICT_ENTRIES and kv_dict_entries_ok)
+
 
 # Steps (attribute names over all paths) and paths that fit on the stack.
 cdef enum:

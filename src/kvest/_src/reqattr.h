@@ -183,7 +183,10 @@ static void kv_learn_hint(kv_cache *c, kv_layout *l, int which, PyObject *dict)
 KV_HOT kv_layout *kv_layout_for(kv_cache *c, PyTypeObject *t)
 {
     for (int i = 0; i < KV_CACHE_SLOTS; i++)
-        if (kv_route_current(c->slots[i].type, c->slots[i].version, t)) return &c->slots[i];
+        if (c->slots[i].type == t) {
+            if (kv_route_current(t, c->slots[i].version, t)) return &c->slots[i];
+            break;
+        }
     return kv_layout_resolve(c, t);
 }
 
@@ -200,13 +203,8 @@ KV_HOT PyObject *kv_read_fast(kv_cache *c, kv_layout *l, int which, PyObject *ob
     if (r->route.get == KV_READ_MEMBER) return kv_slot_get(&r->route, obj, c->names[which]);
     if (r->route.get == KV_READ_DICT && r->hint >= 0) {
         if (!KV_DICT_CACHED || *dictslot == NULL) *dictslot = kv_dictptr(&c->gc, obj);
-        if (*dictslot != NULL && **dictslot != NULL) {
-            PyObject *key, *v;
-            Py_ssize_t pos = r->hint;
-            /* Keys are unique: the name found at the hint is the dict's entry
-             * for it.  PyDict_Next reads without running any code. */
-            if (PyDict_Next(**dictslot, &pos, &key, &v) && key == c->names[which]) return v;
-        }
+        if (*dictslot != NULL && **dictslot != NULL)
+            return kv_dict_at(**dictslot, r->hint, c->names[which]); /* reqroute.h */
     }
 #else
     (void)c;
@@ -343,10 +341,67 @@ enum { KV_LEN_IMPURE = -2, KV_LEN_ERROR = -1, KV_LEN_MISSING = 0, KV_LEN_OK = 1,
 KV_HOT int kv_exact_length(PyObject *v, int64_t *length)
 {
     if (!PyLong_CheckExact(v)) return 0;
+#if KV_PRIVATE && PY_VERSION_HEX >= 0x030C0000
+    /* A one-digit int (below 2^30) read where it is kept, without a call. */
+    if (PyUnstable_Long_IsCompact((PyLongObject *)v)) {
+        Py_ssize_t x = PyUnstable_Long_CompactValue((PyLongObject *)v);
+        if (x < 0) return 0;
+        *length = (int64_t)x;
+        return 1;
+    }
+#elif KV_PRIVATE && PY_VERSION_HEX >= 0x030B0000
+    if (Py_SIZE(v) == 0 || Py_SIZE(v) == 1) {
+        *length = Py_SIZE(v) ? (int64_t)((PyLongObject *)v)->ob_digit[0] : 0;
+        return 1;
+    }
+#endif
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (overflow != 0 || x < 0) return 0;
     *length = (int64_t)x;
+    return 1;
+}
+
+/* Both reads of one request in the common case, taking no reference: req
+ * (and req.kv where the lengths are nested) read by shortcuts alone
+ * (kv_read_fast: a slot, or the instance dict's entry at the learned hint),
+ * each length an exact int in [0, 2^63).  Returns 1 with *committed (and
+ * *allocated where `both`) set; 0 when anything is otherwise, with nothing
+ * changed: kv_req_length then reads from the start.  Nothing here runs Python
+ * code or releases an object, so the borrowed pointers hold throughout (an
+ * instance dict built on the way is built with collections held, as always). */
+KV_HOT int kv_req_quick(kv_cache *c, PyObject *req, int at_committed, int at_allocated,
+                        int both, int64_t *committed, int64_t *allocated)
+{
+    PyObject *obj = req, **dictslot = NULL, *v;
+    kv_layout *l;
+    if (both && at_committed != at_allocated) return 0;
+    if (at_committed == KV_AT_NESTED) {
+        l = kv_layout_for(c, Py_TYPE(req));
+        obj = kv_read_fast(c, l, KV_NESTED, req, &dictslot);
+        if (obj == NULL) return 0;
+        dictslot = NULL;
+    } else if (at_committed != KV_AT_FLAT) {
+        return 0;
+    }
+    l = kv_layout_for(c, Py_TYPE(obj));
+    v = kv_read_fast(c, l, KV_COMMITTED, obj, &dictslot);
+    if (v == NULL || !kv_exact_length(v, committed)) return 0;
+    if (both) {
+        v = kv_read_fast(c, l, KV_ALLOCATED, obj, &dictslot);
+        if (v == NULL || !kv_exact_length(v, allocated)) return 0;
+    }
+    return 1;
+}
+
+/* req.beam_group by shortcuts alone (as kv_req_quick reads): 1 with *grouped
+ * set (whether it is not None), or 0 with nothing changed. */
+KV_HOT int kv_group_quick(kv_cache *c, PyObject *req, int *grouped)
+{
+    PyObject **dictslot = NULL;
+    PyObject *v = kv_read_fast(c, kv_layout_for(c, Py_TYPE(req)), KV_BEAM, req, &dictslot);
+    if (v == NULL) return 0;
+    *grouped = v != Py_None;
     return 1;
 }
 

@@ -251,6 +251,114 @@ static void kv_hint_keep(PyTypeObject *t, unsigned int version, PyObject *name, 
 }
 
 /* Where name sits in dict (which holds it under that very key), or -1. */
+/* dict's value for name when name sits at hint `pos` (borrowed), else NULL.
+ * Keys are unique: the name found there is the dict's entry for it, and a
+ * probe that misses only costs the caller a search.  PyDict_Next reads
+ * without running any code; on 3.11 to 3.13 (GIL builds, KV_PRIVATE) a
+ * combined table's entry is read where the dict keeps it -- CPython's own
+ * layout (Include/internal/pycore_dict.h), only its fields read here -- once
+ * kv_dict_entries_check() has found that read to agree with PyDict_Next. */
+#if KV_SHORTCUTS && KV_PRIVATE && PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
+#define KV_DICT_ENTRIES 1
+typedef struct {
+    Py_ssize_t refcnt;
+    uint8_t log2_size, log2_index_bytes, kind;
+    uint32_t version;
+    Py_ssize_t usable, nentries;
+    char indices[];
+} kv_dict_keys;
+typedef struct {
+    Py_hash_t hash;
+    PyObject *key, *value;
+} kv_dict_entry; /* kind 0: keys of any type */
+typedef struct {
+    PyObject *key, *value;
+} kv_dict_str_entry; /* kind 1: str keys only */
+static int kv_dict_entries_ok;
+
+static inline PyObject *kv_dict_entry_at(PyObject *dict, Py_ssize_t pos, PyObject *name,
+                                         int *known)
+{
+    PyDictObject *d = (PyDictObject *)dict;
+    kv_dict_keys *k = (kv_dict_keys *)d->ma_keys;
+    *known = 0;
+    if (d->ma_values != NULL || pos >= k->nentries || k->kind > 1) return NULL;
+    *known = 1;
+    char *entries = k->indices + ((size_t)1 << k->log2_index_bytes);
+    if (k->kind == 1) {
+        kv_dict_str_entry *e = (kv_dict_str_entry *)entries + pos;
+        return e->key == name ? e->value : NULL;
+    }
+    kv_dict_entry *e = (kv_dict_entry *)entries + pos;
+    return e->key == name ? e->value : NULL;
+}
+#else
+#define KV_DICT_ENTRIES 0
+#endif
+
+#if KV_SHORTCUTS
+KV_HOT PyObject *kv_dict_at(PyObject *dict, Py_ssize_t pos, PyObject *name)
+{
+    PyObject *key, *v;
+    if (pos < 0) return NULL;
+#if KV_DICT_ENTRIES
+    if (kv_dict_entries_ok) {
+        int known;
+        v = kv_dict_entry_at(dict, pos, name, &known);
+        if (known) return v;
+    }
+#endif
+    if (PyDict_Next(dict, &pos, &key, &v) && key == name) return v;
+    return NULL;
+}
+#endif
+
+/* At import: whether the entry read agrees with PyDict_Next at every position
+ * of dicts of each kind (str keys, other keys, deleted entries, one- and
+ * two-byte indices), for a name that is there and one that is not.  Returns
+ * 0, or -1 with an exception set; the entry read is used only after 1. */
+static int kv_dict_entries_check(void)
+{
+#if KV_DICT_ENTRIES
+    int agree = 1;
+    for (int round = 0; round < 4 && agree; round++) {
+        PyObject *dict = PyDict_New(), *absent = PyUnicode_InternFromString("kvest-absent");
+        if (dict == NULL || absent == NULL) {
+            Py_XDECREF(dict);
+            Py_XDECREF(absent);
+            return -1;
+        }
+        int n = round < 2 ? 12 : 400, ok = 1;
+        for (int i = 0; i < n && ok; i++) {
+            PyObject *key = round % 2 ? PyLong_FromLong(i) : PyUnicode_FromFormat("k%d", i);
+            if (key != NULL && round % 2 == 0) PyUnicode_InternInPlace(&key);
+            ok = key != NULL && PyDict_SetItem(dict, key, key) == 0;
+            if (ok && i % 5 == 3) ok = PyDict_DelItem(dict, key) == 0;
+            Py_XDECREF(key);
+        }
+        if (!ok) {
+            Py_DECREF(dict);
+            Py_DECREF(absent);
+            return -1;
+        }
+        kv_dict_keys *k = (kv_dict_keys *)((PyDictObject *)dict)->ma_keys;
+        for (Py_ssize_t pos = 0; pos < k->nentries + 2 && agree; pos++) {
+            Py_ssize_t at = pos;
+            PyObject *key = NULL, *v = NULL, *got;
+            int known, has = PyDict_Next(dict, &at, &key, &v) && at == pos + 1;
+            got = kv_dict_entry_at(dict, pos, has ? key : absent, &known);
+            if (pos < k->nentries)
+                agree = known && got == (has ? v : NULL);
+            agree = agree && kv_dict_entry_at(dict, pos, absent, &known) == NULL;
+        }
+        Py_DECREF(dict);
+        Py_DECREF(absent);
+    }
+    kv_dict_entries_ok = agree;
+#endif
+    return 0;
+}
+
 static Py_ssize_t kv_dict_position(PyObject *dict, PyObject *name)
 {
     Py_ssize_t pos = 0;

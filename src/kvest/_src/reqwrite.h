@@ -108,15 +108,10 @@ static inline void kw_keep(kw_step *s, Py_ssize_t pos)
 }
 
 #if KV_SHORTCUTS
-/* dict's value for s->name when it sits at s's hint (borrowed), else NULL.
- * Keys are unique: the name found at the hint is the dict's entry for it.
- * PyDict_Next reads without running any code. */
+/* dict's value for s->name when it sits at s's hint (borrowed), else NULL. */
 static inline PyObject *kw_at_hint(const kw_step *s, PyObject *dict)
 {
-    PyObject *key, *v;
-    Py_ssize_t pos = s->hint;
-    if (pos >= 0 && PyDict_Next(dict, &pos, &key, &v) && key == s->name) return v;
-    return NULL;
+    return kv_dict_at(dict, s->hint, s->name); /* reqroute.h */
 }
 #endif
 
