@@ -341,20 +341,12 @@ enum { KV_LEN_IMPURE = -2, KV_LEN_ERROR = -1, KV_LEN_MISSING = 0, KV_LEN_OK = 1,
 KV_HOT int kv_exact_length(PyObject *v, int64_t *length)
 {
     if (!PyLong_CheckExact(v)) return 0;
-#if KV_PRIVATE && PY_VERSION_HEX >= 0x030C0000
-    /* A one-digit int (below 2^30) read where it is kept, without a call. */
-    if (PyUnstable_Long_IsCompact((PyLongObject *)v)) {
-        Py_ssize_t x = PyUnstable_Long_CompactValue((PyLongObject *)v);
-        if (x < 0) return 0;
-        *length = (int64_t)x;
+    long long small;
+    if (kv_small_int(v, &small)) { /* reqroute.h */
+        if (small < 0) return 0;
+        *length = (int64_t)small;
         return 1;
     }
-#elif KV_PRIVATE && PY_VERSION_HEX >= 0x030B0000
-    if (Py_SIZE(v) == 0 || Py_SIZE(v) == 1) {
-        *length = Py_SIZE(v) ? (int64_t)((PyLongObject *)v)->ob_digit[0] : 0;
-        return 1;
-    }
-#endif
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (overflow != 0 || x < 0) return 0;

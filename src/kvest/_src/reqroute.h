@@ -251,6 +251,29 @@ static void kv_hint_keep(PyTypeObject *t, unsigned int version, PyObject *name, 
 }
 
 /* Where name sits in dict (which holds it under that very key), or -1. */
+/* Whether v (an exact int) is a one-digit int (below 2^30 in magnitude), with
+ * its value in *x, read where the int keeps it: no call.  0 tells nothing (the
+ * caller then asks PyLong_AsLongLongAndOverflow). */
+KV_HOT int kv_small_int(PyObject *v, long long *x)
+{
+#if KV_PRIVATE && PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)v)) {
+        *x = (long long)PyUnstable_Long_CompactValue((PyLongObject *)v);
+        return 1;
+    }
+#elif KV_PRIVATE && PY_VERSION_HEX >= 0x030B0000
+    Py_ssize_t size = Py_SIZE(v);
+    if (size >= -1 && size <= 1) {
+        *x = size * (long long)((PyLongObject *)v)->ob_digit[0];
+        return 1;
+    }
+#else
+    (void)v;
+    (void)x;
+#endif
+    return 0;
+}
+
 /* dict's value for name when name sits at hint `pos` (borrowed), else NULL.
  * Keys are unique: the name found there is the dict's entry for it, and a
  * probe that misses only costs the caller a search.  PyDict_Next reads

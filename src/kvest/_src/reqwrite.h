@@ -81,10 +81,39 @@ static inline void kw_step_init(kw_step *s, PyObject *name)
     s->hint = -1;
 }
 
+/* Routes kept past a call, keyed by type, version tag and name (behind the
+ * fence none: a tag keys nothing past a call there, typetag.h). */
+#if KV_SHORTCUTS && KV_PRIVATE
+#define KW_ROUTES_KEPT 16
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+    PyObject *name;
+    kv_route route;
+} kw_route_kept;
+static kw_route_kept kw_routes_kept[KW_ROUTES_KEPT];
+static int kw_routes_next;
+#endif
+
 static void kw_resolve(kw_step *s, PyTypeObject *t, int pure)
 {
     s->type = NULL;
     s->hint = -1;
+#if KV_SHORTCUTS && KV_PRIVATE
+    if (kv_tag_valid(t)) {
+        for (int i = 0; i < KW_ROUTES_KEPT; i++) {
+            kw_route_kept *e = &kw_routes_kept[i];
+            if (e->name == s->name && kv_route_current(e->type, e->version, t)) {
+                s->route = e->route;
+                s->type = t;
+                s->version = e->version;
+                if (s->route.get == KV_ROUTE_DICT || s->route.set == KV_ROUTE_DICT)
+                    s->hint = kv_hint_find(t, s->version, s->name);
+                return;
+            }
+        }
+    }
+#endif
     kv_route_resolve(&s->route, t, s->name, pure);
     /* The lookup assigns a version tag if the type can have one; without one
      * the route is worked out again before each use. */
@@ -93,6 +122,14 @@ static void kw_resolve(kw_step *s, PyTypeObject *t, int pure)
         s->version = kv_tag(t);
         if (s->route.get == KV_ROUTE_DICT || s->route.set == KV_ROUTE_DICT)
             s->hint = kv_hint_find(t, s->version, s->name);
+#if KV_SHORTCUTS && KV_PRIVATE
+        kw_route_kept *e = &kw_routes_kept[kw_routes_next];
+        kw_routes_next = (kw_routes_next + 1) % KW_ROUTES_KEPT;
+        e->type = t;
+        e->version = s->version;
+        e->name = s->name;
+        e->route = s->route;
+#endif
     }
 }
 
@@ -338,6 +375,62 @@ static inline int kw_add_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject
     return rc;
 }
 
+/* kw_add_path's common case, taking no reference and running no Python code:
+ * each owner read by a shortcut (a slot, or an instance-dict entry at its
+ * hint) on its type's current route, the last name a slot holding an exact
+ * int, delta a C integer, the sum in int64.  Returns 1 when the store is done
+ * (a new int in the slot, the old one released: an exact int, whose release
+ * runs nothing), 0 with nothing changed (kw_add_path then runs). */
+static inline int kw_add_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+                                    const kw_delta *dl, PyObject **owner)
+{
+#if KV_SHORTCUTS && KV_PRIVATE
+    PyObject *obj = *owner != NULL ? *owner : req, **slot, *old, *sum;
+    if (!dl->fast) return 0;
+    for (Py_ssize_t i = 0; *owner == NULL && i + 1 < n; i++) {
+        kw_step *s = &steps[i];
+        PyObject *next = NULL;
+        kw_route(cx, s, Py_TYPE(obj)); /* (works out no route by running code) */
+        if (s->route.get == KV_ROUTE_MEMBER) {
+            next = kv_slot_get(&s->route, obj, s->name);
+        } else if (s->route.get == KV_ROUTE_DICT) {
+            PyObject **dictptr = kv_dictptr(&cx->gc, obj);
+            if (dictptr != NULL && *dictptr != NULL) next = kw_at_hint(s, *dictptr);
+        }
+        if (next == NULL) return 0;
+        obj = next;
+    }
+    kw_step *s = &steps[n - 1];
+    kw_route(cx, s, Py_TYPE(obj));
+    if (s->route.get != KV_ROUTE_MEMBER || s->route.set != KV_ROUTE_MEMBER) return 0;
+    slot = (PyObject **)((char *)obj + s->route.offset);
+    old = *slot;
+    if (old == NULL || !PyLong_CheckExact(old)) return 0;
+    int overflow = 0;
+    long long x, d = dl->d;
+    if (!kv_small_int(old, &x)) x = PyLong_AsLongLongAndOverflow(old, &overflow);
+    if (overflow || (d > 0 && x > LLONG_MAX - d) || (d < 0 && x < LLONG_MIN - d)) return 0;
+    kv_gc_hold(&cx->gc);
+    sum = PyLong_FromLongLong(x + d);
+    if (sum == NULL) { /* kw_add_path tries again, and raises what it raises */
+        PyErr_Clear();
+        return 0;
+    }
+    *slot = sum;
+    Py_DECREF(old);
+    *owner = obj;
+    return 1;
+#else
+    (void)cx;
+    (void)steps;
+    (void)n;
+    (void)req;
+    (void)dl;
+    (void)owner;
+    return 0;
+#endif
+}
+
 /* builtins.max(cur, v) (a new reference): v if v > cur is true, else cur. */
 static inline PyObject *kw_max(kw_ctx *cx, PyObject *cur, PyObject *v, int *pure)
 {
@@ -499,9 +592,19 @@ static int kw_add_all(kw_ctx *cx, PyObject *reqs, kw_step *steps, const Py_ssize
     if (kw_iter(reqs, &it) < 0) return -1;
     while ((got = kw_next(cx, reqs, it, &pos, &req)) > 0) {
         Py_ssize_t start = 0;
+        /* The owner a quick path wrote through (borrowed): the next path takes
+         * it where its names are the same up to there (reuse), as nothing ran
+         * since it was read. */
+        PyObject *quick = NULL;
         for (Py_ssize_t k = 0; k < npaths && rc == 0; k++) {
-            rc = kw_add_path(cx, steps + start, ends[k] - start, req, &dl, &owner, reuse[k],
-                             &pure);
+            if (!reuse[k]) quick = NULL;
+            if (kw_add_path_quick(cx, steps + start, ends[k] - start, req, &dl, &quick)) {
+                Py_CLEAR(owner); /* a later slow path reads its owner afresh */
+            } else {
+                quick = NULL;
+                rc = kw_add_path(cx, steps + start, ends[k] - start, req, &dl, &owner,
+                                 reuse[k], &pure);
+            }
             start = ends[k];
         }
         Py_CLEAR(owner);
