@@ -103,3 +103,60 @@ def test_the_plan_reads_the_switch(monkeypatch):
         assert monitor.handoff() is expected
         with standin_tree(NEWEST), kvest.sglang.patch():
             assert monitor.STATE.handoff is expected
+
+
+class _Batch:
+    """A batch whose ``reqs`` is its own attribute (as SGLang's dataclass keeps it)."""
+
+    def __init__(self, reqs):
+        self.reqs = reqs
+
+
+class _PropertyBatch:
+    """A batch whose ``reqs`` is a property: read once, as the loop reads it."""
+
+    def __init__(self, reqs):
+        self._reqs, self.reads = reqs, 0
+
+    @property
+    def reqs(self):
+        self.reads += 1
+        return self._reqs
+
+
+def _adding_pair(tree):
+    from kvest.sglang import parity
+
+    analysis, found = parity.found_statement(tree, "alloc_for_decode_default",
+                                             "add_lengths_loop")
+    return parity.statement_pair(analysis, found, "alloc_for_decode_default")
+
+
+def test_a_writer_hands_small_batches_back_before_writing(handoff_on):
+    """The adding loop: below its crossover upstream's loop writes (nothing
+    written twice), from it kvest's writer; a ``reqs`` property is never read
+    twice, so such a batch stays on the writer."""
+    below = registry.KINDS["add_lengths_loop"].upstream_below
+    assert below > 1
+    if not NEWEST.exists(registry.module_file(registry.ALLOCATION)):
+        pytest.skip("no alloc_for_decode_default in this release")
+    with standin_tree(NEWEST) as tree:
+        make = request_class(tree.layout())
+        with kvest.sglang.patch():
+            alone, swapped, params = _adding_pair(tree)
+            assert params[0] == "batch"
+            spot = monitor.spot("alloc_for_decode_default")
+            for n, handed in ((below - 1, True), (below, False)):
+                theirs = [make(i, i + 1) for i in range(n)]
+                ours = [make(i, i + 1) for i in range(n)]
+                before = (spot.upstream, spot.fallbacks)
+                alone(*[_Batch(theirs) if p == "batch" else 2 for p in params])
+                spot.calls += 1  # (the whole function's prologue counts its calls)
+                swapped(*[_Batch(ours) if p == "batch" else 2 for p in params])
+                assert [(r.kv.kv_committed_len, r.kv.kv_allocated_len) for r in ours] == \
+                    [(r.kv.kv_committed_len, r.kv.kv_allocated_len) for r in theirs] == \
+                    [(i + 2, i + 3) for i in range(n)]
+                assert (spot.upstream - before[0], spot.fallbacks - before[1]) == (int(handed), 0)
+            batch = _PropertyBatch([make(0, 1)])
+            swapped(*[batch if p == "batch" else 2 for p in params])
+            assert batch.reads == 1 and batch._reqs[0].kv.kv_committed_len == 2

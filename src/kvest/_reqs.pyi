@@ -72,3 +72,9 @@ _PUBLIC_API_ONLY: bool
 # Private, for the tests: (walks in address order, walks that gave up, the least
 # batch that tries); `min_requests` sets that least batch.
 def _address_order(min_requests: int | None = None) -> tuple[int, int, int]: ...
+
+# Private: whether instance-dict entries are read where CPython keeps them.
+_DICT_ENTRIES: bool
+
+# Private, for the SGLang glue: a class's version tag (0: none, or the public-API build).
+def _type_version(cls: type) -> int: ...

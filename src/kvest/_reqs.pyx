@@ -21,7 +21,7 @@ cimport numpy as cnp
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.object cimport PyObject
+from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF, Py_XINCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport INT32_MAX, INT64_MAX, INT64_MIN, int32_t, int64_t, uint64_t
@@ -116,6 +116,8 @@ cdef extern from "reqattr.h":
 cdef extern from "typetag.h":
     enum:
         KV_PRIVATE
+    bint kv_tag_valid(PyTypeObject *t)
+    unsigned int kv_tag(PyTypeObject *t)
 
 # Whether this build keeps to CPython's public API (the fence, typetag.h): on
 # any Python newer than 3.13, or built with KVEST_PUBLIC_API_ONLY=1 (CI checks it).
@@ -465,6 +467,20 @@ cdef _row_fn _general = _row_general
 # The walk's tuning constants are addrorder.h's (KV_ORDER_*), this one's default too.
 cdef Py_ssize_t _order_min = KV_ORDER_MIN
 cdef Py_ssize_t _order_walks = 0, _order_gave_up = 0
+
+
+def _type_version(cls):
+    """``cls``'s version tag (after a lookup, which gives it one where it can
+    have one), or 0 where it has none or the build keeps to the public API:
+    what the SGLang glue keys what it worked out for a class by.  CPython
+    changes the tag whenever the class or a base changes (typetag.h)."""
+    if not isinstance(cls, type):
+        raise TypeError("cls: a type")
+    if not KV_PRIVATE:
+        return 0
+    cdef PyTypeObject *t = <PyTypeObject *>cls
+    getattr(cls, "__getattribute__")  # a lookup: assigns a tag where it can
+    return kv_tag(t) if kv_tag_valid(t) else 0
 
 
 def _address_order(min_requests=None):

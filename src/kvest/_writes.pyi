@@ -30,3 +30,6 @@ def max_into_attr(
     strict: bool = True,
     pure: bool = False,
 ) -> None: ...
+
+# Private: whether instance-dict entries are read where CPython keeps them.
+_DICT_ENTRIES: bool

@@ -146,14 +146,35 @@ def _plain_indices(selected: Any) -> bool:
 
 def _lookup_is_special(cls: type, name: str) -> bool:
     """Whether ``obj.name`` might not be ``obj.__dict__[name]``: a custom
-    ``__getattribute__``, or a data descriptor (a property, a slot) on the class."""
-    if cls.__getattribute__ is not object.__getattribute__:
-        return True
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            kind = type(klass.__dict__[name])
-            return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
-    return False
+    ``__getattribute__``, or a data descriptor (a property, a slot) on the class.
+    Worked out once per class and version tag (``name`` is always ``"reqs"``
+    here): CPython gives the class a new tag whenever it or a base changes."""
+    tag = _type_version(cls)
+    if tag:
+        known = _SPECIAL.get(cls)
+        if known is not None and known[0] == tag:
+            return known[1]
+    special = cls.__getattribute__ is not object.__getattribute__
+    if not special:
+        for klass in cls.__mro__:
+            if name in klass.__dict__:
+                kind = type(klass.__dict__[name])
+                special = hasattr(kind, "__set__") or hasattr(kind, "__delete__")
+                break
+    if tag:
+        if len(_SPECIAL) >= 64:
+            _SPECIAL.clear()
+        _SPECIAL[cls] = (tag, special)
+    return special
+
+
+# class -> (its version tag, whether its "reqs" lookup is special)
+_SPECIAL: dict[type, tuple[int, bool]] = {}
+try:
+    from kvest._reqs import _type_version
+except ImportError:  # the pure-Python build: worked out each time
+    def _type_version(cls: type) -> int:
+        return 0
 
 
 def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
@@ -253,7 +274,10 @@ _NESTED_LENGTHS = (("kv", "kv_allocated_len"), ("kv", "kv_committed_len"))
 _ALLOCATED = ("kv", "kv_allocated_len")
 
 
-def _adding_loop(name: str, paths: tuple[tuple[str, ...], ...], fixed: Any
+_MISSING = object()
+
+
+def _adding_loop(name: str, kind: str, paths: tuple[tuple[str, ...], ...], fixed: Any
                  ) -> Callable[..., Any]:
     """``for req in owner.reqs: req.<path> += delta`` for each path, ``delta``
     the glue's argument or ``fixed``.
@@ -265,14 +289,27 @@ def _adding_loop(name: str, paths: tuple[tuple[str, ...], ...], fixed: Any
     hands back: it finishes as the loop would, exceptions included, and nothing
     is ever written twice.  (Pure mode, which checks every request before the
     first write, costs a scan of each request's ``__dict__`` keys: more than the
-    loop itself, tools/cachegrind_hotspots.py.)"""
-    add = kvest.add_to_attrs
+    loop itself, tools/cachegrind_hotspots.py.)  A batch smaller than the kind's
+    crossover goes to upstream's loop before anything but ``owner.reqs`` is
+    read, and only where that is the instance's own entry, so that upstream's
+    loop reads the same list again."""
+    add, spot, below = kvest.add_to_attrs, monitor.spot(name), _below(kind)
 
-    def adding_loop(owner: Any, delta: Any = fixed) -> None:
+    def adding_loop(owner: Any, delta: Any = fixed) -> Any:
         if not _STATE.announced:
             _first_call()
-        reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
+        if below and not _lookup_is_special(type(owner), "reqs"):
+            # owner.reqs is the instance's own entry: reading it here and again
+            # in upstream's loop gives the same list
+            reqs = vars(owner).get("reqs", _MISSING)
+            if reqs is _MISSING:
+                return _declined(spot)  # upstream's loop raises its own error
+            if type(reqs) is list and len(reqs) < below:
+                return _handed(spot)
+        else:
+            reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
         add(reqs, paths, delta)
+        return None
 
     return adding_loop
 
@@ -280,7 +317,7 @@ def _adding_loop(name: str, paths: tuple[tuple[str, ...], ...], fixed: Any
 def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                           ) -> Callable[..., Any]:
     """``for req in owner.reqs: req.kv.kv_allocated_len += d; req.kv.kv_committed_len += d``."""
-    return _adding_loop(name, _NESTED_LENGTHS, None)
+    return _adding_loop(name, pattern.kind, _NESTED_LENGTHS, None)
 
 
 def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
@@ -305,7 +342,7 @@ def make_batch_idx_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                         ) -> Callable[..., Any]:
     """``for req in owner.reqs: req.decode_batch_idx += 1`` (0.5.19 on; before,
     the same loop also adds 1 to the flat lengths: the pattern's paths)."""
-    return _adding_loop(name, pattern.paths, 1)
+    return _adding_loop(name, pattern.kind, pattern.paths, 1)
 
 
 def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]

@@ -192,10 +192,11 @@ _NEW_INTS = ("upstream's loop is faster: kvest's writer, making a new int for ev
 # Crossovers: the smallest batch measured (1, 2, 4, ..., 128, 256, 1,024, 4,096)
 # from which kvest's glue and kernel take fewer instructions per call than
 # upstream's code (tools/cachegrind_hotspots.py --no-handoff; docs/benchmarks.md).
-_CROSS_DECODE = 32  # the no-spec estimate
+_CROSS_DECODE = 16  # the no-spec estimate
 _CROSS_SPEC_V2 = 2  # the EAGLE estimate
-_CROSS_BEAM_TAIL = 128  # append_beam_tail
+_CROSS_BEAM_TAIL = 64  # append_beam_tail
 _CROSS_ALLOC_LENS = 8  # page_aligned_decode_alloc_lens
+_CROSS_ADD_LENGTHS = 16  # alloc_for_decode_default's adding loop
 _SLOWER = "upstream's code is faster: kvest's {} takes {} instructions a request against the {} {}"
 
 KINDS: Mapping[str, Kind] = _kinds(
@@ -219,7 +220,7 @@ KINDS: Mapping[str, Kind] = _kinds(
     Kind("beam_rows", "the member rows of the requests with a beam group",
          "`beam_member_rows_from_reqs`", _is_return, (Accepted("000952999d89", "beam_rows"),),
          inputs=("reqs",), binds=None,
-         upstream_faster=_SLOWER.format("kernel", 235, "generator's", 137)),
+         upstream_faster=_SLOWER.format("kernel", 227, "generator's", 137)),
     Kind("beam_tail_loop", "the loop collecting the beam groups' member rows, skipped when "
          "no request is in a beam group", "`beam_groups_from_reqs`", _is_for,
          (Accepted("12869f036c9f", "beam_tail_loop"),),
@@ -244,7 +245,7 @@ KINDS: Mapping[str, Kind] = _kinds(
          _for_writing("kv_allocated_len", "kv_committed_len"),
          (Accepted("226feb6771b3", "add_lengths_loop/nested"),),
          inputs=("owner", "delta"), writes=True, older_shapes=True,
-         upstream_faster=_NEW_INTS.format(820, 786)),
+         upstream_below=_CROSS_ADD_LENGTHS),
     Kind("max_allocated_loop", "the allocated length raised to the plan's", "`max_into_attr`",
          _for_writing("kv_allocated_len"), (Accepted("52ea9dba3a67", "max_allocated_loop/nested"),),
          inputs=("reqs", "values"), writes=True, older_shapes=True),
@@ -257,7 +258,7 @@ KINDS: Mapping[str, Kind] = _kinds(
           Accepted("c8bf94dc0a90", "batch_idx_loop/flat2"),
           Accepted("5df113efbe18", "batch_idx_loop/flat3")),
          inputs=("owner",), writes=True, older_shapes=True, paths=True,
-         upstream_faster=_NEW_INTS.format(773, 425)),
+         upstream_faster=_NEW_INTS.format(790, 423)),
 )
 
 
