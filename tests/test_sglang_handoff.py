@@ -145,13 +145,14 @@ def test_a_writer_hands_small_batches_back_before_writing(handoff_on):
         with kvest.sglang.patch():
             alone, swapped, params = _adding_pair(tree)
             assert params[0] == "batch"
-            spot = monitor.spot("alloc_for_decode_default")
+            # (the statement alone counts on a spot of its own)
+            spot = monitor.spot("alloc_for_decode_default (statement alone)")
             for n, handed in ((below - 1, True), (below, False)):
                 theirs = [make(i, i + 1) for i in range(n)]
                 ours = [make(i, i + 1) for i in range(n)]
                 before = (spot.upstream, spot.fallbacks)
                 alone(*[_Batch(theirs) if p == "batch" else 2 for p in params])
-                spot.calls += 1  # (the whole function's prologue counts its calls)
+                spot.calls += 1  # (a whole function's prologue counts its calls)
                 swapped(*[_Batch(ours) if p == "batch" else 2 for p in params])
                 assert [(r.kv.kv_committed_len, r.kv.kv_allocated_len) for r in ours] == \
                     [(r.kv.kv_committed_len, r.kv.kv_allocated_len) for r in theirs] == \
