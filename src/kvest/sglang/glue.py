@@ -68,6 +68,15 @@ def _handed(spot: monitor.Spot) -> Any:
     return DECLINED
 
 
+def _sized(glue: Callable[..., Any], spot: monitor.Spot, below: int) -> Callable[..., Any]:
+    """``glue``, telling the rewrite its crossover and its spot: the rewritten
+    function checks a list's size itself and counts a handoff there, before
+    the call (:func:`kvest.sglang.rewrite.rebuild`)."""
+    glue.kvest_below = below  # type: ignore[attr-defined]
+    glue.kvest_spot = spot  # type: ignore[attr-defined]
+    return glue
+
+
 def _below(kind: str) -> int:
     """The batch size from which the kind's kernel answers (0: every size): its
     registry crossover, unless the plan asked for kernels at every size."""
@@ -99,7 +108,7 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
                 return tokens // page_size
         return _declined(spot)
 
-    return decode_count
+    return _sized(decode_count, spot, below)
 
 
 def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
@@ -209,7 +218,7 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
                 return total + tokens
         return _declined(spot)
 
-    return spec_v2_total
+    return _sized(spec_v2_total, spot, below)
 
 
 def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Callable[..., Any]:
@@ -265,7 +274,7 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                     return total + plan.num_tokens
         return _declined(spot)
 
-    return alloc_lens_loop
+    return _sized(alloc_lens_loop, spot, below)
 
 
 # ------------------------------------------------------------------ loops that write

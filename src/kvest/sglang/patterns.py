@@ -112,7 +112,7 @@ def table() -> str:
             where = f"`{spot.qualname}`" + (" in its callers" if use in spot.forms else "")
             kernel = kind.kernel or "checked, never replaced"
             if kind.upstream_faster:
-                kernel += " -- left to upstream, whose loop is faster (docs/benchmarks.md)"
+                kernel += " -- left to upstream, whose code is faster (docs/benchmarks.md)"
             rows.append(f"| {where} | `{kind.name}`: {kind.summary} | {seen or 'none yet'} "
                         f"| {kernel} |")
     return "\n".join(rows)

@@ -174,6 +174,9 @@ class Kind(NamedTuple):
     # takes fewer instructions than kvest's glue and kernel (the crossover,
     # tools/cachegrind_hotspots.py, docs/benchmarks.md); 0: never
     upstream_below: int = 0
+    # the input role holding the requests' list, where there is one: the
+    # rewritten function checks its size itself, before any call (rewrite.py)
+    sized: str | None = None
 
     @property
     def whole(self) -> bool:
@@ -209,14 +212,15 @@ KINDS: Mapping[str, Kind] = _kinds(
          "`decode_new_tokens_from_reqs`", _assign_of_sum,
          (Accepted("df1187ec4fb9", "decode_count/flat", "flat"),
           Accepted("720dd25ff1a7", "decode_count/nested", "nested")),
-         inputs=("requests", "page_size"), binds="target", upstream_below=_CROSS_DECODE),
+         inputs=("requests", "page_size"), binds="target", upstream_below=_CROSS_DECODE,
+         sized="requests"),
     Kind("spec_v2_total", "the spec-v2 loop", "`spec_v2_new_tokens_from_reqs`", _is_for,
          (Accepted("a7767a028b04", "spec_v2_total/flat/2x", "flat", 2, "alloc_len"),
           Accepted("ac283f7fb881", "spec_v2_total/flat", "flat"),
           Accepted("b26520a658a2", "spec_v2_total/mixed", "mixed"),
           Accepted("5c9eaf01b495", "spec_v2_total/nested", "nested")),
          inputs=("total", "requests", "page_size", "reserve"), binds="total",
-         upstream_below=_CROSS_SPEC_V2),
+         upstream_below=_CROSS_SPEC_V2, sized="requests"),
     Kind("beam_rows", "the member rows of the requests with a beam group",
          "`beam_member_rows_from_reqs`", _is_return, (Accepted("000952999d89", "beam_rows"),),
          inputs=("reqs",), binds=None,
@@ -230,7 +234,7 @@ KINDS: Mapping[str, Kind] = _kinds(
          "`decode_alloc_plan_from_reqs`, lists written whole", _is_for,
          (Accepted("41109038e55f", "alloc_lens_loop/nested", "nested"),),
          inputs=("reqs", "reserve", "page_size", "cur", "nxt", "total"), binds="total",
-         upstream_below=_CROSS_ALLOC_LENS),
+         upstream_below=_CROSS_ALLOC_LENS, sized="reqs"),
     Kind("alloc_lens_function", "the whole function, for callers that make int32 tensors of "
          "its lists", "the plan as int32 arrays", None,
          (Accepted("c7fcaae0bb6b", "alloc_lens_function/nested", "nested"),),

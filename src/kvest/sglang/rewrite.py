@@ -327,6 +327,21 @@ class Swap:
     glue: Callable[..., Any]
 
 
+_SIZE_CELLS = {"__kvest_type__": type, "__kvest_len__": len, "__kvest_list__": list}
+
+
+def _small_list(name: str, below: int) -> ast.expr:
+    """``type(name) is list and len(name) < below``, the builtins held in cells
+    (a module's own ``len`` changes nothing)."""
+    is_list = ast.Compare(ast.Call(ast.Name("__kvest_type__", ast.Load()),
+                                   [ast.Name(name, ast.Load())], []),
+                          [ast.Is()], [ast.Name("__kvest_list__", ast.Load())])
+    short = ast.Compare(ast.Call(ast.Name("__kvest_len__", ast.Load()),
+                                 [ast.Name(name, ast.Load())], []),
+                        [ast.Lt()], [ast.Constant(below)])
+    return ast.BoolOp(ast.And(), [is_list, short])
+
+
 def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types.FunctionType:
     """``analysis.fn`` compiled again with each swap made (see the module
     docstring); with ``counter``, the function's first statement is
@@ -370,8 +385,23 @@ def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types
             branch = ast.If(test, [node], answer)
             for new in (call, branch, *answer):
                 ast.copy_location(new, node)
-            return [ast.fix_missing_locations(call),  # type: ignore[return-value]
-                    ast.fix_missing_locations(branch)]
+            swapped: list[ast.stmt] = [ast.fix_missing_locations(call),
+                                       ast.fix_missing_locations(branch)]
+            below = getattr(swap.glue, "kvest_below", 0)
+            if kind.sized is None or not below:
+                return swapped  # type: ignore[return-value]
+            # A list too small to gain goes to upstream's statement here, before
+            # any call (the glue's own check is the same, for other sequences).
+            spot = cell.replace("__kvest_glue", "__kvest_spot", 1)
+            cells[spot] = swap.glue.kvest_spot
+            cells.update(_SIZE_CELLS)
+            small = _small_list(found.name(kind.sized), below)
+            count = ast.AugAssign(ast.Attribute(ast.Name(spot, ast.Load()), "upstream",
+                                                ast.Store()), ast.Add(), ast.Constant(1))
+            handed = ast.If(small, [count, copy.deepcopy(node)], swapped)
+            for new in (small, count, handed):
+                ast.copy_location(new, node)
+            return ast.fix_missing_locations(handed)
 
     node = Swapper().visit(node)
     if counter is not None:
