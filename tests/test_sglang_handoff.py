@@ -150,7 +150,7 @@ def test_a_writer_hands_small_batches_back_before_writing(handoff_on):
             for n, handed in ((below - 1, True), (below, False)):
                 theirs = [make(i, i + 1) for i in range(n)]
                 ours = [make(i, i + 1) for i in range(n)]
-                before = (spot.upstream, spot.fallbacks)
+                before = (spot.upstream, spot.fallbacks, spot.kernel)
                 alone(*[_Batch(theirs) if p == "batch" else 2 for p in params])
                 spot.calls += 1  # (a whole function's prologue counts its calls)
                 swapped(*[_Batch(ours) if p == "batch" else 2 for p in params])
@@ -158,6 +158,7 @@ def test_a_writer_hands_small_batches_back_before_writing(handoff_on):
                     [(r.kv.kv_committed_len, r.kv.kv_allocated_len) for r in theirs] == \
                     [(i + 2, i + 3) for i in range(n)]
                 assert (spot.upstream - before[0], spot.fallbacks - before[1]) == (int(handed), 0)
+                assert spot.kernel - before[2] == int(not handed)
             batch = _PropertyBatch([make(0, 1)])
             swapped(*[batch if p == "batch" else 2 for p in params])
             assert batch.reads == 1 and batch._reqs[0].kv.kv_committed_len == 2

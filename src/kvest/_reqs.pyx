@@ -125,6 +125,11 @@ _PUBLIC_API_ONLY = not KV_PRIVATE
 
 
 cdef extern from "reqroute.h":
+    ctypedef struct kv_gc:
+        pass
+    void kv_gc_init(kv_gc *g)
+    void kv_gc_let(kv_gc *g)
+    PyObject *kv_plain_attr(PyObject *obj, PyObject *name, kv_gc *g)
     int kv_dict_entries_check() except -1
     int kv_dict_entries_ok
     enum:
@@ -467,6 +472,28 @@ cdef _row_fn _general = _row_general
 # The walk's tuning constants are addrorder.h's (KV_ORDER_*), this one's default too.
 cdef Py_ssize_t _order_min = KV_ORDER_MIN
 cdef Py_ssize_t _order_walks = 0, _order_gave_up = 0
+
+
+cdef str _REQS = "reqs"
+
+
+def _small_list(obj, Py_ssize_t below):
+    """Whether ``obj`` is an exact list of fewer than ``below`` items (the SGLang
+    rewrite's size check: one call, no Python code)."""
+    return type(obj) is list and PyList_GET_SIZE(obj) < below
+
+
+def _small_reqs(owner, Py_ssize_t below):
+    """Whether ``owner.reqs`` is the instance's own value (reading it runs no
+    Python code, so reading it again gives the same object) and an exact list
+    of fewer than ``below`` requests."""
+    cdef kv_gc g
+    kv_gc_init(&g)
+    cdef PyObject *reqs = kv_plain_attr(<PyObject *>owner, <PyObject *>_REQS, &g)
+    cdef bint small = (reqs != NULL and type(<object>reqs) is list
+                       and PyList_GET_SIZE(<object>reqs) < below)
+    kv_gc_let(&g)  # (after the last use of the borrowed list)
+    return small
 
 
 def _type_version(cls):

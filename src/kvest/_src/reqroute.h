@@ -498,6 +498,38 @@ static int kv_dict_scan(PyObject *dict, PyObject *name, PyObject **value, Py_ssi
     return odd ? KV_IMPURE : 0;
 }
 
+/* obj.<name> when reading it runs no Python code: the instance's own value
+ * (a slot, or the instance dict's entry, found without comparing a key by
+ * code of its own) on a type whose getattr is the generic one and whose MRO
+ * defines nothing under name.  Borrowed, or NULL with nothing set (the read
+ * would need more, or finds nothing).  g holds collections off meanwhile. */
+static PyObject *kv_plain_attr(PyObject *obj, PyObject *name, kv_gc *g)
+{
+#if KV_SHORTCUTS
+    kv_route r;
+    PyTypeObject *t = Py_TYPE(obj);
+    kv_route_resolve(&r, t, name, 1);
+    if (r.get == KV_ROUTE_MEMBER) return kv_slot_get(&r, obj, name);
+    if (r.get == KV_ROUTE_DICT) {
+        PyObject **dictptr = kv_dictptr(g, obj), *v;
+        Py_ssize_t at;
+        if (dictptr == NULL || *dictptr == NULL) return NULL;
+        int tagged = kv_tag_valid(t);
+        unsigned int tag = kv_tag(t);
+        v = kv_dict_at(*dictptr, tagged ? kv_hint_find(t, tag, name) : -1, name);
+        if (v != NULL) return v;
+        if (kv_dict_scan(*dictptr, name, &v, &at) != 1) return NULL;
+        if (tagged) kv_hint_keep(t, tag, name, at);
+        return v;
+    }
+#else
+    (void)obj;
+    (void)name;
+    (void)g;
+#endif
+    return NULL;
+}
+
 /* Whether every key of dict is an exact str: then storing into it compares
  * keys with no code of the caller's. */
 static int kv_dict_str_keys(PyObject *dict)

@@ -53,27 +53,35 @@ _STATE = monitor.STATE
 
 
 def _declined(spot: monitor.Spot) -> Any:
-    """Count a decline, once per call of the hot spot; the glue's answer then."""
+    """Count a decline, once per call of the hot spot (a call with a decline
+    is a fallback, whatever else answered in it); the glue's answer then."""
     if spot.last_fallback != spot.calls:
         spot.fallbacks += 1
         spot.last_fallback = spot.calls
+        if spot.last_kernel == spot.calls:
+            spot.kernel -= 1
     return DECLINED
 
 
+def _answered(spot: monitor.Spot, answer: Any) -> Any:
+    """Count a kernel's answer, once per call and only in a call with no decline."""
+    if spot.last_kernel != spot.calls and spot.last_fallback != spot.calls:
+        spot.kernel += 1
+        spot.last_kernel = spot.calls
+    return answer
+
+
 def _handed(spot: monitor.Spot) -> Any:
-    """Count a call handed to upstream's statement for its batch's size, once per call."""
-    if spot.last_upstream != spot.calls:
-        spot.upstream += 1
-        spot.last_upstream = spot.calls
+    """A batch too small to gain: upstream's statement answers (counted as
+    ``upstream``: neither a kernel's answer nor a decline)."""
     return DECLINED
 
 
 def _sized(glue: Callable[..., Any], spot: monitor.Spot, below: int) -> Callable[..., Any]:
-    """``glue``, telling the rewrite its crossover and its spot: the rewritten
-    function checks a list's size itself and counts a handoff there, before
-    the call (:func:`kvest.sglang.rewrite.rebuild`)."""
+    """``glue``, telling the rewrite its crossover: the rewritten function
+    checks a list's size itself, before the call
+    (:func:`kvest.sglang.rewrite.rebuild`)."""
     glue.kvest_below = below  # type: ignore[attr-defined]
-    glue.kvest_spot = spot  # type: ignore[attr-defined]
     return glue
 
 
@@ -105,7 +113,7 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
             except Exception:
                 pass
             else:
-                return tokens // page_size
+                return _answered(spot, tokens // page_size)
         return _declined(spot)
 
     return _sized(decode_count, spot, below)
@@ -134,7 +142,7 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
                     n = len(selected)
                     chosen = (list(_itemgetter(*selected)(reqs)) if n > 1
                               else [reqs[selected[0]]] if n else [])
-                    return chosen
+                    return _answered(spot, chosen)
             except Exception:
                 pass  # upstream's comprehension raises its own exception
         return _declined(spot)
@@ -215,7 +223,7 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
             except Exception:
                 pass
             else:
-                return total + tokens
+                return _answered(spot, total + tokens)
         return _declined(spot)
 
     return _sized(spec_v2_total, spot, below)
@@ -237,7 +245,7 @@ def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Call
             except Exception:
                 pass
             else:
-                return rows
+                return _answered(spot, rows)
         return _declined(spot)
 
     return beam_rows
@@ -271,7 +279,7 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                 if len(plan.cur) == len(cur):  # the requests did not change meanwhile
                     cur[:] = plan.cur.tolist()
                     nxt[:] = plan.nxt.tolist()
-                    return total + plan.num_tokens
+                    return _answered(spot, total + plan.num_tokens)
         return _declined(spot)
 
     return _sized(alloc_lens_loop, spot, below)
@@ -281,9 +289,6 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
 
 _NESTED_LENGTHS = (("kv", "kv_allocated_len"), ("kv", "kv_committed_len"))
 _ALLOCATED = ("kv", "kv_allocated_len")
-
-
-_MISSING = object()
 
 
 def _adding_loop(name: str, kind: str, paths: tuple[tuple[str, ...], ...], fixed: Any
@@ -299,28 +304,19 @@ def _adding_loop(name: str, kind: str, paths: tuple[tuple[str, ...], ...], fixed
     is ever written twice.  (Pure mode, which checks every request before the
     first write, costs a scan of each request's ``__dict__`` keys: more than the
     loop itself, tools/cachegrind_hotspots.py.)  A batch smaller than the kind's
-    crossover goes to upstream's loop before anything but ``owner.reqs`` is
-    read, and only where that is the instance's own entry, so that upstream's
-    loop reads the same list again."""
+    crossover never gets here: the rewritten function checks ``owner.reqs``
+    first (reading it only where that runs no code) and runs upstream's loop."""
     add, spot, below = kvest.add_to_attrs, monitor.spot(name), _below(kind)
 
     def adding_loop(owner: Any, delta: Any = fixed) -> Any:
         if not _STATE.announced:
             _first_call()
-        if below and not _lookup_is_special(type(owner), "reqs"):
-            # owner.reqs is the instance's own entry: reading it here and again
-            # in upstream's loop gives the same list
-            reqs = vars(owner).get("reqs", _MISSING)
-            if reqs is _MISSING:
-                return _declined(spot)  # upstream's loop raises its own error
-            if type(reqs) is list and len(reqs) < below:
-                return _handed(spot)
-        else:
-            reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
+        reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
+        _answered(spot, None)  # (the writer never hands back once it starts)
         add(reqs, paths, delta)
         return None
 
-    return adding_loop
+    return _sized(adding_loop, spot, below)
 
 
 def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
@@ -341,6 +337,7 @@ def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
             _first_call()
         if zip_ is not _ZIP or max_ is not _MAX:
             return _declined(spot)  # (before any write)
+        _answered(spot, None)  # (the writer never hands back once it starts)
         raise_to(reqs, _ALLOCATED, values, strict=True)
         return None
 
@@ -372,8 +369,6 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
             _first_call()
         if enumerate_ is _ENUMERATE and not _lookup_is_special(type(owner), "reqs"):
             reqs = vars(owner).get("reqs")
-            if type(reqs) is list and len(reqs) < below:
-                return _handed(spot)
             if type(reqs) is list:
                 try:
                     groups = kernel(reqs, pure=True)
@@ -381,10 +376,10 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                     pass  # upstream's loop raises its own exception
                 else:
                     if groups == 0:
-                        return
+                        return _answered(spot, None)
         return _declined(spot)
 
-    return beam_tail_loop
+    return _sized(beam_tail_loop, spot, below)
 
 
 # ------------------------------------------------------------------ whole functions
@@ -439,7 +434,7 @@ def make_num_new_pages(original: Callable[..., Any], pattern: Pattern, tensor: t
                 limit = limits.get(seq.dtype)
                 if limit is not None and page_size <= limit and seq.ndim == 1:
                     if decode:
-                        return pages(seq, page_size, decode=True)
+                        return _answered(spot, pages(seq, page_size, decode=True))
                     if type(prefix_lens) is tensor:
                         prefix = prefix_lens.numpy()
                         prefix_limit = limits.get(prefix.dtype)
@@ -447,7 +442,7 @@ def make_num_new_pages(original: Callable[..., Any], pattern: Pattern, tensor: t
                                 page_size == 1 or (
                                     _at_most(seq, limit - page_size + 1)
                                     and _at_most(prefix, prefix_limit - page_size + 1))):
-                            return pages(seq, page_size, prefix)
+                            return _answered(spot, pages(seq, page_size, prefix))
         except Exception:
             pass
         _declined(spot)
@@ -489,7 +484,7 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
             except Exception:
                 pass
             else:
-                return result.cur, result.nxt, result.num_tokens
+                return _answered(spot, (result.cur, result.nxt, result.num_tokens))
         _declined(spot)
         return original(reqs, reserve=reserve, page_size=page_size)
 

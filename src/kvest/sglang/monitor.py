@@ -13,10 +13,13 @@ Switch (``KVEST_SGLANG``, read once when the plugin loads; :func:`switch`):
 Every hot spot of :mod:`kvest.sglang.registry` has one :class:`Spot` for the
 life of the process: a second ``patch()`` plans again into the same spots, so
 the glue already running keeps counting where :func:`status` reads.  Counters
-are per call of the hot-spot function: ``calls``, ``fallbacks`` (calls in which
-a kernel declined and upstream's statement answered), ``upstream`` (calls whose
-batch was too small for the kernel to gain, handed to upstream's statement on
-purpose: the kind's ``upstream_below`` in the registry), ``kernel`` (the rest).
+are per call of the hot-spot function, and each call is one of three:
+``fallbacks`` (a kernel declined and upstream's statement answered),
+``kernel`` (a kernel answered and none declined), ``upstream`` (neither: the
+batch was smaller than the kind's crossover, ``upstream_below`` in the
+registry, and went to upstream's statement on purpose, or the call went no way
+through a compiled statement).  Only ``calls`` is counted on every call; the
+others where a kernel runs or declines.
 
 ``KVEST_SGLANG_HANDOFF`` (read when the plugin plans): unset or on, small
 batches go to upstream's statement as above; ``0``/``off``/``false``/``no``,
@@ -126,13 +129,20 @@ class Spot:
     calls: int = 0
     fallbacks: int = 0
     last_fallback: int = -1  # the call in which a decline was last counted
-    upstream: int = 0  # calls handed to upstream's statement: a batch too small to gain
-    last_upstream: int = -1
+    kernel: int = 0  # calls in which a kernel answered and none declined
+    last_kernel: int = -1  # the call in which a kernel's answer was last counted
     compared: int = 0  # shadow mode
     mismatches: int = 0
     first_mismatch: str | None = None
     kvest_ns: Samples = dataclasses.field(default_factory=Samples)
     upstream_ns: Samples = dataclasses.field(default_factory=Samples)
+
+    @property
+    def upstream(self) -> int:
+        """Calls in which no kernel answered and none declined: the batch was
+        smaller than the kind's crossover, or the call went no way through a
+        compiled statement (each call is one of kernel, fallback, upstream)."""
+        return max(0, self.calls - self.kernel - self.fallbacks)
 
     @property
     def declines(self) -> list[Note]:
@@ -237,8 +247,8 @@ def status() -> dict[str, Any]:
     spot of the registry, in every mode: ``state``, ``reason`` (why it, or a
     statement of it, is not compiled; ``None`` where all of it is),
     ``patterns`` (compiled), ``notes``, ``calls``, ``kernel``, ``fallbacks``,
-    ``upstream`` (calls whose batch was too small to gain, handed to upstream's
-    statement), and ``shadow``: ``compared``,
+    ``upstream`` (each call is one of these three: see the module docstring),
+    and ``shadow``: ``compared``,
     ``mismatches``, ``kvest_us`` and ``upstream_us`` (``median`` and ``p99`` of
     the recent calls), ``ratio`` (upstream's median over kvest's) and
     ``first_mismatch``.
@@ -259,7 +269,7 @@ def status() -> dict[str, Any]:
 
 
 def _entry(s: Spot) -> dict[str, Any]:
-    calls, fallbacks, handed = s.calls, s.fallbacks, s.upstream
+    calls, fallbacks, kernel = s.calls, s.fallbacks, s.kernel
     kvest_us = {"median": s.kvest_ns.quantile(0.5), "p99": s.kvest_ns.quantile(0.99)}
     upstream_us = {"median": s.upstream_ns.quantile(0.5), "p99": s.upstream_ns.quantile(0.99)}
     ratio = (upstream_us["median"] / kvest_us["median"]
@@ -267,8 +277,8 @@ def _entry(s: Spot) -> dict[str, Any]:
     return {
         "state": s.state.value, "reason": s.reason, "patterns": list(s.patterns),
         "notes": [n.text for n in s.notes],
-        "calls": calls, "kernel": max(0, calls - fallbacks - handed), "fallbacks": fallbacks,
-        "upstream": handed,
+        "calls": calls, "kernel": kernel, "fallbacks": fallbacks,
+        "upstream": max(0, calls - kernel - fallbacks),
         "shadow": {"compared": s.compared, "mismatches": s.mismatches, "kvest_us": kvest_us,
                    "upstream_us": upstream_us, "ratio": ratio,
                    "first_mismatch": s.first_mismatch},

@@ -174,7 +174,7 @@ class Kind(NamedTuple):
     # takes fewer instructions than kvest's glue and kernel (the crossover,
     # tools/cachegrind_hotspots.py, docs/benchmarks.md); 0: never
     upstream_below: int = 0
-    # the input role holding the requests' list, where there is one: the
+    # the input role holding the requests' list (``owner``: its ``.reqs``): the
     # rewritten function checks its size itself, before any call (rewrite.py)
     sized: str | None = None
 
@@ -195,7 +195,7 @@ _NEW_INTS = ("upstream's loop is faster: kvest's writer, making a new int for ev
 # Crossovers: the smallest batch measured (1, 2, 4, ..., 128, 256, 1,024, 4,096)
 # from which kvest's glue and kernel take fewer instructions per call than
 # upstream's code (tools/cachegrind_hotspots.py --no-handoff; docs/benchmarks.md).
-_CROSS_DECODE = 16  # the no-spec estimate
+_CROSS_DECODE = 32  # the no-spec estimate
 _CROSS_SPEC_V2 = 2  # the EAGLE estimate
 _CROSS_BEAM_TAIL = 64  # append_beam_tail
 _CROSS_ALLOC_LENS = 8  # page_aligned_decode_alloc_lens
@@ -229,7 +229,8 @@ KINDS: Mapping[str, Kind] = _kinds(
          "no request is in a beam group", "`beam_groups_from_reqs`", _is_for,
          (Accepted("12869f036c9f", "beam_tail_loop"),),
          # reads only; but append_beam_tail extends the batch when a request is in a group
-         inputs=("owner",), reads=("enumerate",), writes=True, upstream_below=_CROSS_BEAM_TAIL),
+         inputs=("owner",), reads=("enumerate",), writes=True, upstream_below=_CROSS_BEAM_TAIL,
+         sized="owner"),
     Kind("alloc_lens_loop", "the loop filling `cur`, `nxt` and the total",
          "`decode_alloc_plan_from_reqs`, lists written whole", _is_for,
          (Accepted("41109038e55f", "alloc_lens_loop/nested", "nested"),),
@@ -249,7 +250,7 @@ KINDS: Mapping[str, Kind] = _kinds(
          _for_writing("kv_allocated_len", "kv_committed_len"),
          (Accepted("226feb6771b3", "add_lengths_loop/nested"),),
          inputs=("owner", "delta"), writes=True, older_shapes=True,
-         upstream_below=_CROSS_ADD_LENGTHS),
+         upstream_below=_CROSS_ADD_LENGTHS, sized="owner"),
     Kind("max_allocated_loop", "the allocated length raised to the plan's", "`max_into_attr`",
          _for_writing("kv_allocated_len"), (Accepted("52ea9dba3a67", "max_allocated_loop/nested"),),
          inputs=("reqs", "values"), writes=True, older_shapes=True),

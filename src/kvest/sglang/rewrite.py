@@ -327,19 +327,32 @@ class Swap:
     glue: Callable[..., Any]
 
 
-_SIZE_CELLS = {"__kvest_type__": type, "__kvest_len__": len, "__kvest_list__": list}
+def _small_list_rule(obj: Any, below: int) -> bool:
+    return type(obj) is list and len(obj) < below
 
 
-def _small_list(name: str, below: int) -> ast.expr:
-    """``type(name) is list and len(name) < below``, the builtins held in cells
-    (a module's own ``len`` changes nothing)."""
-    is_list = ast.Compare(ast.Call(ast.Name("__kvest_type__", ast.Load()),
-                                   [ast.Name(name, ast.Load())], []),
-                          [ast.Is()], [ast.Name("__kvest_list__", ast.Load())])
-    short = ast.Compare(ast.Call(ast.Name("__kvest_len__", ast.Load()),
-                                 [ast.Name(name, ast.Load())], []),
-                        [ast.Lt()], [ast.Constant(below)])
-    return ast.BoolOp(ast.And(), [is_list, short])
+def _small_reqs_rule(owner: Any, below: int) -> bool:
+    from kvest.sglang.glue import _lookup_is_special
+
+    if _lookup_is_special(type(owner), "reqs"):
+        return False
+    reqs = vars(owner).get("reqs")
+    return type(reqs) is list and len(reqs) < below
+
+
+try:  # one call each, running no Python code
+    from kvest._reqs import _small_list, _small_reqs
+except ImportError:  # the pure-Python build: the same rule in Python
+    _small_list, _small_reqs = _small_list_rule, _small_reqs_rule
+_SIZE_CELLS = {"__kvest_small_list__": _small_list, "__kvest_small_reqs__": _small_reqs}
+
+
+def _small(role: str, name: str, below: int) -> ast.expr:
+    """The size check: ``name`` an exact list of fewer than ``below`` requests
+    (the role ``owner``: ``name.reqs``, read only where that runs no code)."""
+    check = "__kvest_small_reqs__" if role == "owner" else "__kvest_small_list__"
+    return ast.Call(ast.Name(check, ast.Load()),
+                    [ast.Name(name, ast.Load()), ast.Constant(below)], [])
 
 
 def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types.FunctionType:
@@ -392,14 +405,11 @@ def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types
                 return swapped  # type: ignore[return-value]
             # A list too small to gain goes to upstream's statement here, before
             # any call (the glue's own check is the same, for other sequences).
-            spot = cell.replace("__kvest_glue", "__kvest_spot", 1)
-            cells[spot] = swap.glue.kvest_spot
+            # (counted as upstream: the call is neither a kernel's nor a fallback)
             cells.update(_SIZE_CELLS)
-            small = _small_list(found.name(kind.sized), below)
-            count = ast.AugAssign(ast.Attribute(ast.Name(spot, ast.Load()), "upstream",
-                                                ast.Store()), ast.Add(), ast.Constant(1))
-            handed = ast.If(small, [count, copy.deepcopy(node)], swapped)
-            for new in (small, count, handed):
+            small = _small(kind.sized, found.name(kind.sized), below)
+            handed = ast.If(small, [copy.deepcopy(node)], swapped)
+            for new in (small, handed):
                 ast.copy_location(new, node)
             return ast.fix_missing_locations(handed)
 
