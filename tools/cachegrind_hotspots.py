@@ -106,36 +106,37 @@ SPOTS: dict[str, tuple[str, str, str, str]] = {
 }
 # Passes over the batch each hot spot makes, read from src/kvest/sglang/glue.py,
 # src/kvest/_reqs.pyx, src/kvest/_src/addrorder.h and reqwrite.h, and from upstream's
-# code (n >= 256, the batch's list in creation order; "pointers" reads only a list's
-# array, "objects" reads or writes every request; below 256 requests kvest neither
+# code (n >= 2,048, the batch's list in creation order; "pointers" reads only a list's
+# array, "objects" reads or writes every request; below 2,048 requests kvest neither
 # checks the order nor sorts): (kvest, upstream).
 PASSES: dict[str, tuple[str, str]] = {
-    "estimate": ("4: pointers (address-order check), objects (count); pointers (check), "
-                 "objects (beam rows)", "2: objects (count); objects (beam rows)"),
+    "estimate": ("2: pointers (address-order check), objects (count); then upstream's "
+                 "`num_beam_member_rows`: objects", "2: objects (count); objects (beam rows)"),
     "estimate, selection": (
-        "23 -- 10 over the requests: the selection (indices unpacked into an argument "
-        "tuple; itemgetter's tuple, objects: incref; `list()` of it, objects: incref; the "
-        "tuple freed, objects: decref; the argument tuple freed); then per kernel (count, "
-        "beam rows): pointers (check), pointers (min/max), 4 pointers (2-digit radix sort: "
-        "count, scatter), objects (incref), objects (walk in address order), objects "
-        "(decref); the list freed (objects: decref)",
+        "12 -- 6 over the requests: upstream's comprehension (objects: incref); the count: "
+        "pointers (check), pointers (min/max), 4 pointers (2-digit radix sort: count, "
+        "scatter), objects (incref), objects (walk in address order), objects (decref); "
+        "upstream's beam rows (objects); the list freed (objects: decref)",
         "4 -- 4 over the requests: the comprehension (objects: incref), objects (count), "
         "objects (beam rows), the list freed (objects: decref)"),
     "estimate, EAGLE": ("2: pointers (address-order check), objects (the spec-v2 rows)",
                         "1: objects (the loop)"),
     "check_decode_mem selection": (
-        "5 -- 3 over the requests: indices unpacked into an argument tuple; itemgetter's "
-        "tuple (objects: incref); `list()` of it (objects: incref); the tuple freed (objects: "
-        "decref); the argument tuple freed",
+        "left to upstream; kvest's list would take 5 -- 3 over the requests: indices "
+        "unpacked into an argument tuple; itemgetter's tuple (objects: incref); `list()` of "
+        "it (objects: incref); the tuple freed (objects: decref); the argument tuple freed",
         "1: the comprehension (objects: incref)"),
     "alloc lens": ("7 -- 1 over the requests: 2 lists `[0] * n` (upstream's own lines); "
                    "objects (the plan, into 2 arrays); 2 `tolist()` (2n new ints); 2 slice "
                    "assignments",
                    "3 -- 1 over the requests: 2 lists `[0] * n`; objects (n new ints for nxt)"),
-    "alloc_for_decode_default loop": ("1: objects (2 in-place adds each)",
+    "alloc_for_decode_default loop": ("1: objects (2 new ints each)",
                                       "1: objects (2 new ints each)"),
-    "prepare_for_decode loop": ("1: objects (in-place add)", "1: objects (a new int each)"),
-    "num_beam_member_rows": ("2: pointers (check), objects", "1: objects"),
+    "prepare_for_decode loop": ("left to upstream; kvest's writer would take 1: objects "
+                                "(a new int each, stored with a dict lookup)",
+                                "1: objects (a new int each)"),
+    "num_beam_member_rows": ("left to upstream; kvest's kernel would take 2: pointers "
+                             "(check), objects", "1: objects"),
     "append_beam_tail loop": ("2: pointers (check), objects", "1: objects"),
 }
 EVENTS = ("Ir", "D1", "LL")
@@ -385,15 +386,14 @@ def markdown(results: dict[str, dict[str, dict[str, int]]]) -> str:
     lines += ["", "| no-spec hot spot | passes over the batch, kvest | upstream |",
               "| --- | --- | --- |"]
     lines += [f"| {name} | {PASSES[name][0]} | {PASSES[name][1]} |" for name in SPOTS]
-    lines += ["", "| no-spec hot spot | crossover n | instructions per call at n = 1 "
-              "(upstream → kvest) | at n = 128 |", "| --- | ---: | ---: | ---: |"]
+    small = (1, 8, 32, 128)
+    lines += ["", "| hot spot | kvest below upstream from n = | instructions per call "
+              "(upstream → kvest): " + " | ".join(f"n = {n}" for n in small) + " |",
+              "| --- | ---: | " + " | ".join("---:" for _ in small) + " |"]
     for name in SPOTS:
         cross, row = crossover(results, name)
-        one = row.get(1)
-        last = row.get(128)
-        lines.append(f"| {name} | {cross} | "
-                     f"{_fmt(one[0]) + ' → ' + _fmt(one[1]) if one else '–'} | "
-                     f"{_fmt(last[0]) + ' → ' + _fmt(last[1]) if last else '–'} |")
+        cells = [f"{_fmt(row[n][0])} → {_fmt(row[n][1])}" if n in row else "–" for n in small]
+        lines.append(f"| {name} | {cross} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
