@@ -59,12 +59,14 @@ def test_each_side_runs_what_it_should(loops):
     assert kv["mode"] == "on"
     for name in ("new_tokens_required_next_decode", "_new_tokens_required_next_decode_spec_v2",
                  "page_aligned_decode_alloc_lens", "get_num_new_pages",
-                 "alloc_for_spec_decode", "append_beam_tail"):
+                 "alloc_for_spec_decode", "append_beam_tail", "alloc_for_decode_default"):
         assert kv["hotspots"][name] == "replaced", (name, kv["hotspots"])
         # and the loops ran on its kernels (none declined every call)
         assert kv["kernel_calls"][name] > 0, (name, kv["kernel_calls"])
-    # The adding loops are upstream's: faster than a writer making new ints.
-    for name in ("alloc_for_decode_default", "prepare_for_decode", "eagle_prepare_for_decode"):
+    # The batch-index loops and the selection lists are upstream's: faster than
+    # kvest's (a dict store per request; the exact-int check of every index).
+    for name in ("prepare_for_decode", "eagle_prepare_for_decode", "check_decode_mem",
+                 "num_beam_member_rows"):
         assert kv["hotspots"][name] == "skipped", (name, kv["hotspots"])
 
 
