@@ -71,12 +71,6 @@ def _answered(spot: monitor.Spot, answer: Any) -> Any:
     return answer
 
 
-def _handed(spot: monitor.Spot) -> Any:
-    """A batch too small to gain: upstream's statement answers (counted as
-    ``upstream``: neither a kernel's answer nor a decline)."""
-    return DECLINED
-
-
 def _sized(glue: Callable[..., Any], spot: monitor.Spot, below: int) -> Callable[..., Any]:
     """``glue``, telling the rewrite its crossover: the rewritten function
     checks a list's size itself, before the call
@@ -105,7 +99,7 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
         if not _STATE.announced:
             _first_call()
         if type(requests) in _SEQUENCES and len(requests) < below:
-            return _handed(spot)
+            return DECLINED  # too small to gain: upstream's (counted as upstream)
         if sum_ is _SUM and type(requests) in _SEQUENCES and type(page_size) is int \
                 and page_size >= 1:
             try:
@@ -211,7 +205,7 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
         if not _STATE.announced:
             _first_call()
         if type(requests) in _SEQUENCES and len(requests) < below:
-            return _handed(spot)
+            return DECLINED  # too small to gain: upstream's (counted as upstream)
         if (max_ is _MAX and ceil_align_ is ceil_align and home.get("ceil_div") is ceil_div
                 and ceil_align.__code__ is align_code and ceil_div.__code__ is div_code
                 and type(total) is int and type(requests) in _SEQUENCES
@@ -238,7 +232,7 @@ def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Call
         if not _STATE.announced:
             _first_call()
         if type(reqs) in _SEQUENCES and len(reqs) < below:
-            return _handed(spot)
+            return DECLINED  # too small to gain: upstream's (counted as upstream)
         if sum_ is _SUM and type(reqs) in _SEQUENCES:
             try:
                 rows = kernel(reqs, exact_ints=True, pure=True)
@@ -264,7 +258,7 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
         if not _STATE.announced:
             _first_call()
         if type(reqs) in _SEQUENCES and len(reqs) < below:
-            return _handed(spot)
+            return DECLINED  # too small to gain: upstream's (counted as upstream)
         if (enumerate_ is _ENUMERATE and max_ is _MAX and type(reqs) in _SEQUENCES
                 and type(cur) is list and type(nxt) is list
                 and len(cur) == len(reqs) == len(nxt) and type(total) is int
@@ -474,7 +468,6 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
             _first_call()
         spot.calls += 1
         if type(reqs) in _SEQUENCES and len(reqs) < below:
-            _handed(spot)
             return original(reqs, reserve=reserve, page_size=page_size)
         if type(reqs) in _SEQUENCES and type(reserve) is int and reserve >= 0 \
                 and type(page_size) is int and page_size >= 1 and resolves():
