@@ -387,7 +387,7 @@ def markdown(results: dict[str, dict[str, dict[str, int]]]) -> str:
               "| --- | --- | --- |"]
     lines += [f"| {name} | {PASSES[name][0]} | {PASSES[name][1]} |" for name in SPOTS]
     small = (1, 8, 32, 128)
-    lines += ["", "| hot spot | kvest below upstream from n = | instructions per call "
+    lines += ["", "| hot spot, per call | kvest below upstream from n = | instructions "
               "(upstream → kvest): " + " | ".join(f"n = {n}" for n in small) + " |",
               "| --- | ---: | " + " | ".join("---:" for _ in small) + " |"]
     for name in SPOTS:

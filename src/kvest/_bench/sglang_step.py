@@ -70,6 +70,11 @@ LINE_STEPS = ("step, no spec", "step, EAGLE")
 # at most this many Python line events per request per step (line events).
 TARGETS = {"step, no spec": 3.0, "step, EAGLE": 10.0,
            "line events, no spec": 1.0, "line events, EAGLE": 1.0}
+# kvest's share of the loops' cost, (kvest - free) / (upstream - free), at most
+# this much at each of BOUND_SIZES; and every replaced hot spot at least 1.0x
+# upstream at every size measured.
+SHARE_TARGETS = {"step, no spec": 0.35, "step, EAGLE": 0.15}
+EVERY_SIZE = 1.0
 SIDES = ("upstream", "kvest")
 # Worker pairs a run spreads each cell's samples over (see Pairs).
 PAIRS = 3
@@ -690,7 +695,9 @@ def headline(rows: list[StepRow], n: int = 1024) -> str | None:
 
 
 def targets(rows: list[StepRow]) -> list[Verdict]:
-    """(target, measured, met) for each target: steps at n = 1,024, line events."""
+    """(target, measured, met) for each target: steps at n = 1,024, line events,
+    kvest's share of the loops' cost (against the bound), every hot spot at
+    every size."""
     out: list[Verdict] = []
     lines = getattr(rows, "lines", None)
     slope = slopes(lines) if lines else None
@@ -711,6 +718,25 @@ def targets(rows: list[StepRow]) -> list[Verdict]:
             continue
         bound = "" if r.free is None else f" (bound {r.upstream / r.free:.1f}×)"
         out.append((label, f"{r.speedup:.1f}×{bound}", r.speedup >= want))
+    for name, most in SHARE_TARGETS.items():
+        for n in BOUND_SIZES:
+            r = next((r for r in rows if r.hot_spot == name and r.n == n), None)
+            label = f"{name} at n={n:,}: kvest's share of the loops' cost ≤ {most:g}"
+            if r is None or r.free is None or r.upstream <= r.free:
+                out.append((label, "–", None))
+                continue
+            share = (r.kvest - r.free) / (r.upstream - r.free)
+            out.append((label, f"{share:.2f}", share <= most))
+    loops = [r for r in rows if r.hot_spot in LOOPS]
+    label = f"every hot spot at every size: ≥ {EVERY_SIZE:g}× upstream"
+    if not loops:
+        out.append((label, "–", None))
+    else:
+        low = sorted(loops, key=lambda r: r.speedup)
+        below = [r for r in low if r.speedup < EVERY_SIZE]
+        worst = ", ".join(f"{r.hot_spot} n={r.n:,} {r.speedup:.1f}×" for r in below[:3])
+        out.append((label, f"{len(below)} of {len(loops)} cells below" + (
+            f" (lowest: {worst})" if below else ""), not below))
     return out
 
 
