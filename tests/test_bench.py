@@ -72,7 +72,9 @@ def test_sglang_headline_and_targets():
     assert sglang_step.headline(rows) == (
         "EAGLE decode-step bookkeeping at batch 1,024, from 1,024 µs to 102 µs (10.0× less time)")
     judged = sglang_step.targets(rows)
-    assert len({label for label, _, _ in judged}) == len(judged) == len(sglang_step.TARGETS)
+    assert len({label for label, _, _ in judged}) == len(judged) == (
+        len(sglang_step.TARGETS) + len(sglang_step.SHARE_TARGETS) * len(sglang_step.BOUND_SIZES)
+        + 1)
     assert "→" in sglang_step.table(rows)
 
 
@@ -89,6 +91,21 @@ def test_sglang_bound_beside_the_steps():
     judged = dict((label, measured) for label, measured, _ in sglang_step.targets(rows))
     assert judged["step, EAGLE at n=1,024: ≥ 10×"] == "10.0× (bound 20.0×)"
     assert "bound" not in sglang_step.table(_step_rows())
+    # kvest's share of what the loops cost above the bound: (0.1 - 0.05) / (1 - 0.05)
+    met = {label: ok for label, _, ok in sglang_step.targets(rows)}
+    share = "step, EAGLE at n=1,024: kvest's share of the loops' cost ≤ 0.15"
+    assert judged[share] == "0.05" and met[share] is True
+    assert judged["step, EAGLE at n=4,096: kvest's share of the loops' cost ≤ 0.15"] == "–"
+
+
+def test_every_hot_spot_at_every_size():
+    rows = [StepRow(name, n, 1e-6, 1e-6 / (0.5 if (name, n) == ("append_beam_tail", 1) else 2))
+            for name in sglang_step.LOOPS for n in sglang_step.QUICK_SIZES]
+    label, measured, ok = sglang_step.targets(rows)[-1]
+    assert label == "every hot spot at every size: ≥ 1× upstream" and ok is False
+    assert measured == (f"1 of {len(rows)} cells below (lowest: append_beam_tail n=1 0.5×)")
+    rows[0] = StepRow(rows[0].hot_spot, rows[0].n, 1e-6, 5e-7)
+    assert sglang_step.targets([r for r in rows if r.speedup >= 1])[-1][2] is True
 
 
 def test_times_read_in_the_unit_their_rounding_reaches():
