@@ -281,6 +281,7 @@ KV_HOT int kv_small_int(PyObject *v, long long *x)
  * combined table's entry is read where the dict keeps it -- CPython's own
  * layout (Include/internal/pycore_dict.h), only its fields read here -- once
  * kv_dict_entries_check() has found that read to agree with PyDict_Next. */
+static int kv_dict_entries_ok; /* set once kv_dict_entries_check() agrees */
 #if KV_SHORTCUTS && KV_PRIVATE && PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
 #define KV_DICT_ENTRIES 1
 typedef struct {
@@ -297,7 +298,6 @@ typedef struct {
 typedef struct {
     PyObject *key, *value;
 } kv_dict_str_entry; /* kind 1: str keys only */
-static int kv_dict_entries_ok;
 
 static inline PyObject *kv_dict_entry_at(PyObject *dict, Py_ssize_t pos, PyObject *name,
                                          int *known)
