@@ -163,3 +163,62 @@ def test_a_writer_hands_small_batches_back_before_writing(handoff_on):
             batch = _PropertyBatch([make(0, 1)])
             swapped(*[batch if p == "batch" else 2 for p in params])
             assert batch.reads == 1 and batch._reqs[0].kv.kv_committed_len == 2
+
+
+def _owners():
+    """Batches of every way a class can hold ``reqs``, with 1 and 5 requests."""
+
+    class Own:
+        def __init__(self, reqs):
+            self.reqs = reqs
+
+    class Slotted:
+        __slots__ = ("reqs",)
+
+        def __init__(self, reqs):
+            self.reqs = reqs
+
+    class Unset:
+        __slots__ = ("reqs",)
+
+        def __init__(self, reqs):
+            pass
+
+    class Default(Own):
+        reqs = None  # a class-level default, as a dataclass field with one has
+
+    class Property:
+        reqs = property(lambda self: [1])
+
+        def __init__(self, reqs):
+            pass
+
+    class Fallback(Own):
+        def __getattr__(self, name):
+            return [1]
+
+    class Custom(Own):
+        def __getattribute__(self, name):
+            return object.__getattribute__(self, name)
+
+    class NoDict:
+        __slots__ = ()
+
+        def __init__(self, reqs):
+            pass
+
+    for cls in (Own, Slotted, Unset, Default, Property, Fallback, Custom, NoDict):
+        for n in (1, 5):
+            yield cls([object()] * n)
+    yield Own((object(),))  # a tuple is not the list the check wants
+
+
+def test_the_size_check_and_its_python_rule_agree():
+    """The rewritten function's check on ``batch.reqs``: the compiled one and
+    the pure-Python build's rule read it in the same cases and agree."""
+    from kvest.sglang import rewrite
+
+    compiled = pytest.importorskip("kvest._reqs")
+    got = [(type(o).__name__, rewrite._small_reqs_rule(o, 3)) for o in _owners()]
+    assert got == [(type(o).__name__, compiled._small_reqs(o, 3)) for o in _owners()]
+    assert {name for name, small in got if small} == {"Own", "Slotted"}

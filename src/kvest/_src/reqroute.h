@@ -250,7 +250,6 @@ static void kv_hint_keep(PyTypeObject *t, unsigned int version, PyObject *name, 
 #endif
 }
 
-/* Where name sits in dict (which holds it under that very key), or -1. */
 /* Whether v (an exact int) is a one-digit int (below 2^30 in magnitude), with
  * its value in *x, read where the int keeps it: no call.  0 tells nothing (the
  * caller then asks PyLong_AsLongLongAndOverflow). */
@@ -382,6 +381,7 @@ static int kv_dict_entries_check(void)
     return 0;
 }
 
+/* Where name sits in dict (which holds it under that very key), or -1. */
 static Py_ssize_t kv_dict_position(PyObject *dict, PyObject *name)
 {
     Py_ssize_t pos = 0;

@@ -332,12 +332,23 @@ def _small_list_rule(obj: Any, below: int) -> bool:
 
 
 def _small_reqs_rule(owner: Any, below: int) -> bool:
-    from kvest.sglang.glue import _lookup_is_special
-
-    if _lookup_is_special(type(owner), "reqs"):
+    """``kvest._reqs._small_reqs`` in Python: ``owner.reqs`` read only where the
+    class's getattr is the generic one and its MRO defines nothing under
+    ``reqs`` but a slot (the instance dict's entry, or the slot's value)."""
+    cls = type(owner)
+    if cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__"):
         return False
-    reqs = vars(owner).get("reqs")
+    defined = next((k.__dict__["reqs"] for k in cls.__mro__ if "reqs" in k.__dict__), _NOTHING)
+    if defined is _NOTHING:
+        reqs = getattr(owner, "__dict__", {}).get("reqs")
+    elif type(defined) is types.MemberDescriptorType:
+        reqs = getattr(owner, "reqs", None)  # (a slot's own get: no code of the caller's)
+    else:
+        return False
     return type(reqs) is list and len(reqs) < below
+
+
+_NOTHING = object()
 
 
 try:  # one call each, running no Python code
