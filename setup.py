@@ -30,7 +30,7 @@ public_only = os.environ.get("KVEST_PUBLIC_API_ONLY", "").strip().lower() in (
     "1", "true", "yes", "on")
 common = dict(
     include_dirs=[np.get_include(), f"{SRC}/_src"],
-    depends=[*HEADERS, f"{SRC}/_common.pxd"],
+    depends=[*HEADERS, f"{SRC}/_common.pxd", f"{SRC}/_route.pxd"],
     define_macros=[
         # The oldest NumPy C API the module may use, and the runtime floor it
         # supports: keep in step with `dependencies` in pyproject.toml.

@@ -42,6 +42,15 @@ from kvest._common cimport (
     kv_spec_v2_row,
     kv_spec_v2_row_fast,
 )
+from kvest._route cimport (
+    KV_DICT_ENTRIES,
+    kv_dict_entries_check,
+    kv_dict_entries_ok,
+    kv_gc,
+    kv_gc_init,
+    kv_gc_let,
+    kv_plain_attr,
+)
 
 import numpy as np
 
@@ -123,17 +132,6 @@ cdef extern from "typetag.h":
 # any Python newer than 3.13, or built with KVEST_PUBLIC_API_ONLY=1 (CI checks it).
 _PUBLIC_API_ONLY = not KV_PRIVATE
 
-
-cdef extern from "reqroute.h":
-    ctypedef struct kv_gc:
-        pass
-    void kv_gc_init(kv_gc *g)
-    void kv_gc_let(kv_gc *g)
-    PyObject *kv_plain_attr(PyObject *obj, PyObject *name, kv_gc *g)
-    int kv_dict_entries_check() except -1
-    int kv_dict_entries_ok
-    enum:
-        KV_DICT_ENTRIES
 
 # Whether instance-dict entries are read where CPython keeps them (3.11 to
 # 3.13, found at import to agree with PyDict_Next; reqroute.h), for the tests.

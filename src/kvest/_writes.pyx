@@ -21,6 +21,8 @@ src/_src/reqwrite.h; this module checks the arguments and sets them up.
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 
+from kvest._route cimport KV_DICT_ENTRIES, kv_dict_entries_check, kv_dict_entries_ok
+
 from sys import intern
 
 from kvest._errors import impure_argument, impure_request
@@ -47,12 +49,6 @@ cdef extern from "reqwrite.h":
                             Py_ssize_t n)
     int kw_max_all(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *steps, Py_ssize_t n,
                    int strict) except -1
-
-cdef extern from "reqroute.h":
-    int kv_dict_entries_check() except -1
-    int kv_dict_entries_ok
-    enum:
-        KV_DICT_ENTRIES
 
 # The instance-dict entry read, as in kvest._reqs (reqroute.h).
 kv_dict_entries_check()
