@@ -71,7 +71,7 @@ def _answered(spot: monitor.Spot, answer: Any) -> Any:
     return answer
 
 
-def _sized(glue: Callable[..., Any], spot: monitor.Spot, below: int) -> Callable[..., Any]:
+def _sized(glue: Callable[..., Any], below: int) -> Callable[..., Any]:
     """``glue``, telling the rewrite its crossover: the rewritten function
     checks a list's size itself, before the call
     (:func:`kvest.sglang.rewrite.rebuild`)."""
@@ -110,7 +110,7 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
                 return _answered(spot, tokens // page_size)
         return _declined(spot)
 
-    return _sized(decode_count, spot, below)
+    return _sized(decode_count, below)
 
 
 def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
@@ -220,7 +220,7 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
                 return _answered(spot, total + tokens)
         return _declined(spot)
 
-    return _sized(spec_v2_total, spot, below)
+    return _sized(spec_v2_total, below)
 
 
 def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Callable[..., Any]:
@@ -276,7 +276,7 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                     return _answered(spot, total + plan.num_tokens)
         return _declined(spot)
 
-    return _sized(alloc_lens_loop, spot, below)
+    return _sized(alloc_lens_loop, below)
 
 
 # ------------------------------------------------------------------ loops that write
@@ -310,7 +310,7 @@ def _adding_loop(name: str, kind: str, paths: tuple[tuple[str, ...], ...], fixed
         add(reqs, paths, delta)
         return None
 
-    return _sized(adding_loop, spot, below)
+    return _sized(adding_loop, below)
 
 
 def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
@@ -373,7 +373,7 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                         return _answered(spot, None)
         return _declined(spot)
 
-    return _sized(beam_tail_loop, spot, below)
+    return _sized(beam_tail_loop, below)
 
 
 # ------------------------------------------------------------------ whole functions

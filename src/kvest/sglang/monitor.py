@@ -278,7 +278,7 @@ def _entry(s: Spot) -> dict[str, Any]:
         "state": s.state.value, "reason": s.reason, "patterns": list(s.patterns),
         "notes": [n.text for n in s.notes],
         "calls": calls, "kernel": kernel, "fallbacks": fallbacks,
-        "upstream": max(0, calls - kernel - fallbacks),
+        "upstream": s.upstream,
         "shadow": {"compared": s.compared, "mismatches": s.mismatches, "kvest_us": kvest_us,
                    "upstream_us": upstream_us, "ratio": ratio,
                    "first_mismatch": s.first_mismatch},
