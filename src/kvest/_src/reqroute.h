@@ -129,8 +129,9 @@ static PyObject *kv_type_lookup(PyTypeObject *t, PyObject *name, int *unknown)
 
 /* The route of name (an exact, interned str, or anything else: generic) on t,
  * for a call in pure mode or not (behind the fence only pure mode takes
- * routes: nothing tells there whether a type changed while Python code ran). */
-static void kv_route_resolve(kv_route *r, PyTypeObject *t, PyObject *name, int pure)
+ * routes: nothing tells there whether a type changed while Python code ran).
+ * Worked out here; kv_route_resolve below keeps it past the call. */
+static void kv_route_work_out(kv_route *r, PyTypeObject *t, PyObject *name, int pure)
 {
     r->get = r->set = KV_ROUTE_GENERIC;
     r->none_if_unset = 0;
@@ -189,6 +190,48 @@ static void kv_route_resolve(kv_route *r, PyTypeObject *t, PyObject *name, int p
 KV_HOT int kv_route_current(PyTypeObject *known, unsigned int version, PyTypeObject *t)
 {
     return known == t && kv_tag_valid(t) && kv_tag(t) == version;
+}
+
+/* Routes kept past a call, keyed by type, version tag and name, for the
+ * readers, the writers and kv_plain_attr alike (behind the fence none: a tag
+ * keys nothing past a call there, typetag.h). */
+#if KV_SHORTCUTS && KV_PRIVATE
+#define KV_ROUTES_KEPT 16
+typedef struct {
+    PyTypeObject *type; /* compared, never dereferenced */
+    unsigned int version;
+    PyObject *name;
+    kv_route route;
+} kv_route_kept;
+static kv_route_kept kv_routes_kept[KV_ROUTES_KEPT];
+static int kv_routes_next;
+#endif
+
+/* kv_route_work_out's route, kept past the call where t has a version tag. */
+static void kv_route_resolve(kv_route *r, PyTypeObject *t, PyObject *name, int pure)
+{
+#if KV_SHORTCUTS && KV_PRIVATE
+    if (kv_tag_valid(t))
+        for (int i = 0; i < KV_ROUTES_KEPT; i++) {
+            kv_route_kept *e = &kv_routes_kept[i];
+            if (e->name == name && kv_route_current(e->type, e->version, t)) {
+                *r = e->route;
+                return;
+            }
+        }
+#endif
+    kv_route_work_out(r, t, name, pure);
+#if KV_SHORTCUTS && KV_PRIVATE
+    /* The lookups assign a version tag if the type can have one. */
+    if (kv_tag_valid(t)) {
+        kv_route_kept *e = &kv_routes_kept[kv_routes_next];
+        kv_routes_next = (kv_routes_next + 1) % KV_ROUTES_KEPT;
+        e->type = t;
+        e->version = kv_tag(t);
+        e->name = name;
+        e->route = *r;
+    }
+#endif
 }
 
 /* ------------------------------------------------------------- dict hints */

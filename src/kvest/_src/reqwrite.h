@@ -81,39 +81,10 @@ static inline void kw_step_init(kw_step *s, PyObject *name)
     s->hint = -1;
 }
 
-/* Routes kept past a call, keyed by type, version tag and name (behind the
- * fence none: a tag keys nothing past a call there, typetag.h). */
-#if KV_SHORTCUTS && KV_PRIVATE
-#define KW_ROUTES_KEPT 16
-typedef struct {
-    PyTypeObject *type;
-    unsigned int version;
-    PyObject *name;
-    kv_route route;
-} kw_route_kept;
-static kw_route_kept kw_routes_kept[KW_ROUTES_KEPT];
-static int kw_routes_next;
-#endif
-
 static void kw_resolve(kw_step *s, PyTypeObject *t, int pure)
 {
     s->type = NULL;
     s->hint = -1;
-#if KV_SHORTCUTS && KV_PRIVATE
-    if (kv_tag_valid(t)) {
-        for (int i = 0; i < KW_ROUTES_KEPT; i++) {
-            kw_route_kept *e = &kw_routes_kept[i];
-            if (e->name == s->name && kv_route_current(e->type, e->version, t)) {
-                s->route = e->route;
-                s->type = t;
-                s->version = e->version;
-                if (s->route.get == KV_ROUTE_DICT || s->route.set == KV_ROUTE_DICT)
-                    s->hint = kv_hint_find(t, s->version, s->name);
-                return;
-            }
-        }
-    }
-#endif
     kv_route_resolve(&s->route, t, s->name, pure);
     /* The lookup assigns a version tag if the type can have one; without one
      * the route is worked out again before each use. */
@@ -122,14 +93,6 @@ static void kw_resolve(kw_step *s, PyTypeObject *t, int pure)
         s->version = kv_tag(t);
         if (s->route.get == KV_ROUTE_DICT || s->route.set == KV_ROUTE_DICT)
             s->hint = kv_hint_find(t, s->version, s->name);
-#if KV_SHORTCUTS && KV_PRIVATE
-        kw_route_kept *e = &kw_routes_kept[kw_routes_next];
-        kw_routes_next = (kw_routes_next + 1) % KW_ROUTES_KEPT;
-        e->type = t;
-        e->version = s->version;
-        e->name = s->name;
-        e->route = s->route;
-#endif
     }
 }
 
