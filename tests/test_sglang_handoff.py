@@ -46,7 +46,12 @@ def handoff_on(monkeypatch):
     monkeypatch.delenv("KVEST_SGLANG_HANDOFF", raising=False)
 
 
-@pytest.mark.parametrize("spot", list(ESTIMATES))
+def _with_crossover(has: bool) -> list[str]:
+    return [s for s, (kind, _) in ESTIMATES.items()
+            if bool(registry.KINDS[kind].upstream_below) is has]
+
+
+@pytest.mark.parametrize("spot", _with_crossover(True))
 def test_below_the_crossover_upstream_answers(spot, handoff_on):
     kind, spec = ESTIMATES[spot]
     below = registry.KINDS[kind].upstream_below
@@ -60,6 +65,21 @@ def test_below_the_crossover_upstream_answers(spot, handoff_on):
             assert _counts(spot) == (calls + 1, kernel, fallbacks, upstream + 1)
             assert large.new_tokens_required_next_decode() == expected[1]
             assert _counts(spot) == (calls + 2, kernel + 1, fallbacks, upstream + 1)
+
+
+@pytest.mark.parametrize("spot", _with_crossover(False))
+def test_a_kind_without_a_crossover_answers_at_every_size(spot, handoff_on):
+    """The no-spec estimate's glue (compiled) costs less than upstream's
+    generator over one request: it has no crossover, and one request is the
+    kernel's."""
+    spec = ESTIMATES[spot][1]
+    with standin_tree(NEWEST) as tree:
+        small = _batch(tree, spec, 1)
+        expected = small.new_tokens_required_next_decode()
+        with kvest.sglang.patch():
+            calls, kernel, fallbacks, upstream = _counts(spot)
+            assert small.new_tokens_required_next_decode() == expected
+            assert _counts(spot) == (calls + 1, kernel + 1, fallbacks, upstream)
 
 
 def test_the_switch_puts_every_size_on_the_kernels(monkeypatch):
@@ -86,14 +106,14 @@ def test_shadow_mode_compares_the_kernels_at_every_size(handoff_on):
 
 
 def test_a_handed_call_is_counted_once_and_reaches_the_metrics(handoff_on):
-    below = registry.KINDS["decode_count"].upstream_below
+    below = registry.KINDS["spec_v2_total"].upstream_below
     with standin_tree(NEWEST) as tree:
-        small = _batch(tree, False, below - 1)
+        small = _batch(tree, True, below - 1)
         with kvest.sglang.patch():
-            before = metrics._counters(kvest.sglang.status()["hotspots"][ESTIMATE])
+            before = metrics._counters(kvest.sglang.status()["hotspots"][SPEC_V2])
             for _ in range(3):
                 small.new_tokens_required_next_decode()
-            after = metrics._counters(kvest.sglang.status()["hotspots"][ESTIMATE])
+            after = metrics._counters(kvest.sglang.status()["hotspots"][SPEC_V2])
     assert after["upstream"] - before["upstream"] == 3
     assert after["kernel"] == before["kernel"] and after["fallback"] == before["fallback"]
 

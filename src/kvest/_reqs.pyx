@@ -117,6 +117,7 @@ cdef extern from "reqattr.h":
     void kv_req_forget(kv_req_state *st)
     int kv_req_length(kv_cache *c, PyObject *req, int which, int at, kv_req_state *st,
                       int64_t *length, PyObject **value)
+    void kv_cache_renew(kv_cache *c, int pure)
     bint kv_req_quick(kv_cache *c, PyObject *req, int at_committed, int at_allocated,
                       bint both, int64_t *committed, int64_t *allocated)
     bint kv_group_quick(kv_cache *c, PyObject *req, int *grouped)
@@ -634,12 +635,17 @@ cdef int64_t *_exact_rows(object indices, Py_ssize_t n, Py_ssize_t *m) except? N
 
 cdef int _walk_all(Job *job, object reqs) except -1:
     cdef kv_cache cache
+    _cache_init(&cache, job.pure)
+    return _walk_all_in(job, reqs, &cache)
+
+
+cdef int _walk_all_in(Job *job, object reqs, kv_cache *cache) except -1:
+    """:func:`_walk_all` with a cache of the caller's, ready for this call."""
     cdef Py_ssize_t pos = 0
     if type(reqs) is list or type(reqs) is tuple:
         if _by_address(job, PySequence_Fast_ITEMS(reqs), PyList_GET_SIZE(reqs)
                        if type(reqs) is list else PyTuple_GET_SIZE(reqs)):
             return 0
-    _cache_init(&cache, job.pure)
     # Each request is held by a reference of our own while it is read: a
     # property of one request may drop the container's reference to it.
     try:
@@ -647,17 +653,17 @@ cdef int _walk_all(Job *job, object reqs) except -1:
             # The size is read every step, as a list iterator does.
             while pos < PyList_GET_SIZE(reqs):
                 req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
-                _row(job, &cache, req, pos)
+                _row(job, cache, req, pos)
                 pos += 1
         elif type(reqs) is tuple:
             while pos < PyTuple_GET_SIZE(reqs):
                 req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
-                _row(job, &cache, req, pos)
+                _row(job, cache, req, pos)
                 pos += 1
         else:
             it = reqs_iter(reqs)
             while True:
-                kv_cache_let(&cache)  # the iterator is the caller's code
+                kv_cache_let(cache)  # the iterator is the caller's code
                 try:
                     req = next(it)
                 except StopIteration:
@@ -666,10 +672,10 @@ cdef int _walk_all(Job *job, object reqs) except -1:
                     raise
                 except Exception as exc:
                     raise reqs_read_error(exc, pos) from exc
-                _row(job, &cache, req, pos)
+                _row(job, cache, req, pos)
                 pos += 1
     finally:
-        kv_cache_let(&cache)
+        kv_cache_let(cache)
     return 0
 
 
@@ -1008,3 +1014,150 @@ def beam_groups_from_reqs(reqs, indices=None, *, pure=False):
         sel = _select(reqs, indices)
         _walk_rows(&job, reqs, sel.rows, sel.m)
     return job.count
+
+
+# ------------------------------------------- the SGLang glue's compiled half
+
+# A rewritten SGLang function calls its glue on every decode step, at every
+# batch size: in Python the glue's own call, checks and counting cost more
+# than upstream's loop over a few requests (kvest.sglang.glue).  Here they
+# cost a method call.  Each answers exactly as its Python twin in
+# kvest.sglang.glue does, and counts as kvest.sglang.monitor.Spot says.
+
+cdef class _Tally:
+    """A hot spot's counters (kvest.sglang.monitor.Spot reads them): ``calls``
+    (the rewritten function's prologue, :meth:`tick`), ``kernel`` and
+    ``fallbacks`` once per call each (``last_*``: the call last counted)."""
+
+    cdef public long long calls, kernel, fallbacks, last_kernel, last_fallback
+
+    def __cinit__(self):
+        self.last_kernel = -1
+        self.last_fallback = -1
+
+    def tick(self):
+        """One more call of the hot spot (the rewritten function's first statement)."""
+        self.calls += 1
+
+
+cdef inline object _answered(_Tally t, object answer):
+    """A kernel's answer, counted once per call and only in a call with no decline."""
+    if t.last_kernel != t.calls and t.last_fallback != t.calls:
+        t.kernel += 1
+        t.last_kernel = t.calls
+    return answer
+
+
+cdef inline object _declined(_Tally t, object declined):
+    """A decline, counted once per call (a call with one is a fallback)."""
+    if t.last_fallback != t.calls:
+        t.fallbacks += 1
+        t.last_fallback = t.calls
+        if t.last_kernel == t.calls:
+            t.kernel -= 1
+    return declined
+
+
+cdef class _Glue:
+    """What every compiled glue holds: the hot spot's tally, the DECLINED
+    marker, the monitor's state with its first-call hook, the builtin the
+    statement must still read, and a reader's cache kept from call to call
+    (where version tags key it: kv_cache_renew)."""
+
+    cdef _Tally tally
+    cdef object declined, state, first_call, builtin
+    cdef bint announced  # the status line is out: no need to look again
+    cdef kv_cache cache
+
+    def __cinit__(self):
+        _cache_init(&self.cache, KV_PURE_STRICT)
+
+    def __init__(self, _Tally tally, declined, state, first_call, builtin):
+        self.tally = tally
+        self.declined = declined
+        self.state = state
+        self.first_call = first_call
+        self.builtin = builtin
+
+    cdef inline int _announce(self) except -1:
+        if not self.announced:
+            if not self.state.announced:
+                self.first_call()
+            self.announced = True
+        return 0
+
+    cdef inline int _walk(self, Job *job, object reqs) except -1:
+        kv_cache_renew(&self.cache, KV_PURE_STRICT)
+        return _walk_all_in(job, reqs, &self.cache)
+
+
+cdef class _DecodeCountGlue(_Glue):
+    """``n = sum(1 for r in requests if <C> % page_size == 0)``: the Python
+    twin is kvest.sglang.glue.make_decode_count's ``decode_count``."""
+
+    cdef object layout
+    cdef Job job  # the last page size's, made ready (_job_init) once
+    cdef int64_t job_p
+
+    def __init__(self, _Tally tally, declined, state, first_call, builtin, layout):
+        _Glue.__init__(self, tally, declined, state, first_call, builtin)
+        self.layout = layout
+        self.job_p = 0
+
+    def run(self, requests, page_size, sum_):
+        cdef Job job
+        cdef int64_t p
+        cdef int overflow = 0
+        self._announce()
+        if (sum_ is self.builtin and (type(requests) is list or type(requests) is tuple)
+                and type(page_size) is int):
+            p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
+            if overflow == 0 and p >= 1:
+                try:
+                    if p != self.job_p:
+                        _job_init(&self.job, DECODE, p, 0, self.layout, True, KV_PURE_STRICT)
+                        self.job_p = p
+                    job = self.job
+                    self._walk(&job, requests)
+                except Exception:
+                    pass  # upstream's statement raises its own exception
+                else:
+                    # (the kernel answers in tokens, which must fit int64)
+                    if job.count <= <uint64_t>(INT64_MAX // p):
+                        return _answered(self.tally, job.count)
+        return _declined(self.tally, self.declined)
+
+
+cdef class _BeamTailGlue(_Glue):
+    """SGLang's ``append_beam_tail`` loop with no request in a beam group: the
+    Python twin is kvest.sglang.glue.make_beam_tail_loop's ``beam_tail_loop``.
+    ``owner.reqs`` is read only where reading it runs no code (its instance
+    dict's entry, or a slot), so that upstream's loop, if it runs, reads the
+    same list."""
+
+    cdef Job job
+
+    def __init__(self, _Tally tally, declined, state, first_call, builtin):
+        _Glue.__init__(self, tally, declined, state, first_call, builtin)
+        _job_init(&self.job, BEAM_GROUPS, 1, 0, None, False, KV_PURE_STRICT)
+
+    def run(self, owner, enumerate_):
+        cdef Job job
+        cdef kv_gc g
+        cdef PyObject *found
+        self._announce()
+        if enumerate_ is self.builtin:
+            kv_gc_init(&g)
+            found = kv_plain_attr(<PyObject *>owner, <PyObject *>_REQS, &g)
+            reqs = <object>found if found != NULL else None  # a reference of our own
+            kv_gc_let(&g)
+            if type(reqs) is list:
+                job = self.job
+                try:
+                    self._walk(&job, reqs)
+                except Exception:
+                    pass  # upstream's loop raises its own exception
+                else:
+                    if job.count == 0:
+                        return _answered(self.tally, None)
+        return _declined(self.tally, self.declined)

@@ -80,6 +80,21 @@ static inline void kv_cache_init(kv_cache *c, PyObject *committed, PyObject *all
     kv_gc_init(&c->gc);
 }
 
+/* A cache kept past the call (the SGLang glue's, one per statement), made
+ * ready for the next: the layouts stay where a version tag keys them past a
+ * call (the memo's rule below), all else starts again. */
+static inline void kv_cache_renew(kv_cache *c, int pure)
+{
+#if KV_SHORTCUTS && KV_PRIVATE
+    c->learn = 4;
+    c->pure = pure;
+    kv_gc_init(&c->gc);
+#else
+    kv_cache_init(c, c->names[KV_COMMITTED], c->names[KV_ALLOCATED], c->names[KV_NESTED],
+                  c->names[KV_BEAM], c->names[KV_ROWS], pure);
+#endif
+}
+
 /* Collections held off from here (the address-ordered walk), until let. */
 static inline void kv_cache_hold(kv_cache *c)
 {

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import builtins
 import operator
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -55,20 +56,34 @@ _STATE = monitor.STATE
 def _declined(spot: monitor.Spot) -> Any:
     """Count a decline, once per call of the hot spot (a call with a decline
     is a fallback, whatever else answered in it); the glue's answer then."""
-    if spot.last_fallback != spot.calls:
-        spot.fallbacks += 1
-        spot.last_fallback = spot.calls
-        if spot.last_kernel == spot.calls:
-            spot.kernel -= 1
+    t = spot.tally
+    if t.last_fallback != t.calls:
+        t.fallbacks += 1
+        t.last_fallback = t.calls
+        if t.last_kernel == t.calls:
+            t.kernel -= 1
     return DECLINED
 
 
 def _answered(spot: monitor.Spot, answer: Any) -> Any:
     """Count a kernel's answer, once per call and only in a call with no decline."""
-    if spot.last_kernel != spot.calls and spot.last_fallback != spot.calls:
-        spot.kernel += 1
-        spot.last_kernel = spot.calls
+    t = spot.tally
+    if t.last_kernel != t.calls and t.last_fallback != t.calls:
+        t.kernel += 1
+        t.last_kernel = t.calls
     return answer
+
+
+# The compiled twins of the glues that run at every batch size, each standing
+# for its compiled kernel: where kvest's kernel is another function when the
+# plan is made (the pure-Python build; a test's stand-in; the benchmark's
+# replayed answers), the glue is the Python function here, which calls it.
+_COMPILED: dict[Any, Any] = {}
+if kvest.IMPLEMENTATION == "cython":
+    from kvest import _reqs
+
+    _COMPILED = {_reqs.decode_new_tokens_from_reqs: _reqs._DecodeCountGlue,
+                 _reqs.beam_groups_from_reqs: _reqs._BeamTailGlue}
 
 
 def _sized(glue: Callable[..., Any], below: int) -> Callable[..., Any]:
@@ -94,6 +109,9 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
     """``n = sum(1 for r in requests if <C> % page_size == 0)``: pages, not tokens."""
     kernel, spot = kvest.decode_new_tokens_from_reqs, monitor.spot(name)
     layout, below = pattern.layout, _below(pattern.kind)
+    compiled = _COMPILED.get(kernel)
+    if compiled is not None and not below:
+        return compiled(spot.tally, DECLINED, _STATE, _first_call, _SUM, layout).run
 
     def decode_count(requests: Any, page_size: Any, sum_: Any) -> int:
         if not _STATE.announced:
@@ -145,6 +163,24 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
 
 
 _EXACT_INT = frozenset({int})
+_NOTHING = object()
+
+
+def plain_reqs(owner: Any) -> Any:
+    """``owner.reqs`` where reading it runs no Python code (so that reading it
+    again gives the same object), else ``None``: the class's getattr is the
+    generic one, and its MRO defines nothing under ``reqs`` but a slot (the
+    instance dict's entry, or the slot's value).  The compiled glue and size
+    check read it so (``kv_plain_attr``, reqroute.h)."""
+    cls = type(owner)
+    if cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__"):
+        return None
+    defined = next((k.__dict__["reqs"] for k in cls.__mro__ if "reqs" in k.__dict__), _NOTHING)
+    if defined is _NOTHING:
+        return getattr(owner, "__dict__", {}).get("reqs")
+    if type(defined) is types.MemberDescriptorType:
+        return getattr(owner, "reqs", None)  # (a slot's own get: no code of the caller's)
+    return None
 
 
 def _plain_indices(selected: Any) -> bool:
@@ -352,17 +388,20 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     request in a beam group the loop only reads each ``beam_group``, which the
     kernel does, once each, the same way; with one, upstream's loop runs (and
     reads them again: SGLang's ``beam_group`` is a plain attribute).
-    ``owner.reqs`` must be a plain list in the instance's ``__dict__``, so that
-    reading it here and again in upstream's loop give the same list, and
-    ``enumerate`` the builtin."""
+    ``owner.reqs`` must be a plain list read where reading it runs no code
+    (:func:`plain_reqs`), so that reading it here and again in upstream's loop
+    give the same list, and ``enumerate`` the builtin."""
     kernel, spot = kvest.beam_groups_from_reqs, monitor.spot(name)
     below = _below(pattern.kind)
+    compiled = _COMPILED.get(kernel)
+    if compiled is not None and not below:
+        return compiled(spot.tally, DECLINED, _STATE, _first_call, _ENUMERATE).run
 
     def beam_tail_loop(owner: Any, enumerate_: Any) -> Any:
         if not _STATE.announced:
             _first_call()
-        if enumerate_ is _ENUMERATE and not _lookup_is_special(type(owner), "reqs"):
-            reqs = vars(owner).get("reqs")
+        if enumerate_ is _ENUMERATE:
+            reqs = plain_reqs(owner)
             if type(reqs) is list:
                 try:
                     groups = kernel(reqs, pure=True)
@@ -414,13 +453,13 @@ def make_num_new_pages(original: Callable[..., Any], pattern: Pattern, tensor: t
     unusual: other dtypes, shapes, devices, page sizes -- the original answers.
     """
     pages, limits, spot = kvest.num_new_pages, _INT_LIMITS, monitor.spot(name)
-    resolves = _resolver(original, pattern)
+    resolves, tick = _resolver(original, pattern), spot.tally.tick
 
     def get_num_new_pages(seq_lens: Any, page_size: Any, prefix_lens: Any = None,
                           decode: Any = False) -> Any:
         if not _STATE.announced:
             _first_call()
-        spot.calls += 1
+        tick()
         try:
             if type(seq_lens) is tensor and type(page_size) is int and page_size >= 1 \
                     and type(decode) is bool and resolves():
@@ -461,12 +500,12 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
     """
     plan, int32, spot = kvest.decode_alloc_plan_from_reqs, np.int32, monitor.spot(name)
     layout, resolves = pattern.layout, _resolver(original, pattern)
-    below = _below(pattern.kind)
+    below, tick = _below(pattern.kind), spot.tally.tick
 
     def page_aligned_decode_alloc_lens(reqs: Any, *, reserve: Any, page_size: Any) -> Any:
         if not _STATE.announced:
             _first_call()
-        spot.calls += 1
+        tick()
         if type(reqs) in _SEQUENCES and len(reqs) < below:
             return original(reqs, reserve=reserve, page_size=page_size)
         if type(reqs) in _SEQUENCES and type(reserve) is int and reserve >= 0 \

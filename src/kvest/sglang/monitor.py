@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import kvest
 from kvest.sglang.registry import ALLOC_SETTINGS_MODULES, HOTSPOTS, Note, NoteKind, State
 
 __all__ = ["Mode", "Spot", "Switch", "status", "switch"]
@@ -118,6 +119,31 @@ class Samples:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e3
 
 
+class _PyTally:
+    """kvest._reqs._Tally in Python (the pure build): a hot spot's counters."""
+
+    __slots__ = ("calls", "fallbacks", "kernel", "last_fallback", "last_kernel")
+
+    def __init__(self) -> None:
+        self.calls = self.kernel = self.fallbacks = 0
+        self.last_kernel = self.last_fallback = -1
+
+    def tick(self) -> None:
+        """One more call of the hot spot (the rewritten function's first statement)."""
+        self.calls += 1
+
+
+Tally: Any = _PyTally  # the pure-Python build's
+if kvest.IMPLEMENTATION == "cython":
+    from kvest._reqs import _Tally as Tally
+
+
+def _counter(name: str, doc: str) -> Any:
+    """A Spot's view of one of its tally's counters."""
+    return property(lambda spot: getattr(spot.tally, name),
+                    lambda spot, value: setattr(spot.tally, name, value), doc=doc)
+
+
 @dataclasses.dataclass(eq=False)
 class Spot:
     """One hot spot: what kvest did with it and what happened since."""
@@ -126,16 +152,20 @@ class Spot:
     state: State = State.NOT_LOADED
     patterns: list[str] = dataclasses.field(default_factory=list)
     notes: list[Note] = dataclasses.field(default_factory=list)
-    calls: int = 0
-    fallbacks: int = 0
-    last_fallback: int = -1  # the call in which a decline was last counted
-    kernel: int = 0  # calls in which a kernel answered and none declined
-    last_kernel: int = -1  # the call in which a kernel's answer was last counted
+    # calls, kernel, fallbacks (and the call each was last counted in), where
+    # the compiled glue counts them without a Python attribute write
+    tally: Any = dataclasses.field(default_factory=Tally)
     compared: int = 0  # shadow mode
     mismatches: int = 0
     first_mismatch: str | None = None
     kvest_ns: Samples = dataclasses.field(default_factory=Samples)
     upstream_ns: Samples = dataclasses.field(default_factory=Samples)
+
+    calls = _counter("calls", "calls of the hot spot (its prologue counts them)")
+    kernel = _counter("kernel", "calls in which a kernel answered and none declined")
+    fallbacks = _counter("fallbacks", "calls in which a kernel declined")
+    last_kernel = _counter("last_kernel", "the call in which a kernel's answer was last counted")
+    last_fallback = _counter("last_fallback", "the call in which a decline was last counted")
 
     @property
     def upstream(self) -> int:

@@ -195,9 +195,9 @@ _NEW_INTS = ("upstream's loop is faster: kvest's writer, making a new int for ev
 # Crossovers: the smallest batch measured (1, 2, 4, ..., 128, 256, 1,024, 4,096)
 # from which kvest's glue and kernel take fewer instructions per call than
 # upstream's code (tools/cachegrind_hotspots.py --no-handoff; docs/benchmarks.md).
-_CROSS_DECODE = 32  # the no-spec estimate
+_CROSS_DECODE = 0  # the no-spec estimate
 _CROSS_SPEC_V2 = 2  # the EAGLE estimate
-_CROSS_BEAM_TAIL = 32  # append_beam_tail
+_CROSS_BEAM_TAIL = 0  # append_beam_tail
 _CROSS_ALLOC_LENS = 8  # page_aligned_decode_alloc_lens
 _CROSS_ADD_LENGTHS = 16  # alloc_for_decode_default's adding loop
 _SLOWER = "upstream's code is faster: kvest's {} takes {} instructions a request against the {} {}"

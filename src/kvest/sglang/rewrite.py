@@ -21,7 +21,7 @@ any handler, so that its exceptions are upstream's alone.  The global names
 (``sum``, ``max``, ``ceil_align``) are evaluated where ``S`` would evaluate
 them and handed to the glue, which declines unless they are the objects it
 checked.  The function's first statement counts the call
-(:class:`kvest.sglang.monitor.Spot`).  A statement that looks like a pattern but differs is
+(:class:`kvest.sglang.monitor.Spot`'s tally).  A statement that looks like a pattern but differs is
 left alone, with what differs (:func:`near_misses`).
 """
 
@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvest.sglang import fingerprint, patterns
-from kvest.sglang.glue import DECLINED
+from kvest.sglang.glue import DECLINED, plain_reqs
 from kvest.sglang.patterns import Pattern
 from kvest.sglang.registry import KINDS, Note, NoteKind
 
@@ -332,23 +332,10 @@ def _small_list_rule(obj: Any, below: int) -> bool:
 
 
 def _small_reqs_rule(owner: Any, below: int) -> bool:
-    """``kvest._reqs._small_reqs`` in Python: ``owner.reqs`` read only where the
-    class's getattr is the generic one and its MRO defines nothing under
-    ``reqs`` but a slot (the instance dict's entry, or the slot's value)."""
-    cls = type(owner)
-    if cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__"):
-        return False
-    defined = next((k.__dict__["reqs"] for k in cls.__mro__ if "reqs" in k.__dict__), _NOTHING)
-    if defined is _NOTHING:
-        reqs = getattr(owner, "__dict__", {}).get("reqs")
-    elif type(defined) is types.MemberDescriptorType:
-        reqs = getattr(owner, "reqs", None)  # (a slot's own get: no code of the caller's)
-    else:
-        return False
+    """``kvest._reqs._small_reqs`` in Python: ``owner.reqs`` read only where
+    that runs no code (:func:`kvest.sglang.glue.plain_reqs`)."""
+    reqs = plain_reqs(owner)
     return type(reqs) is list and len(reqs) < below
-
-
-_NOTHING = object()
 
 
 try:  # one call each, running no Python code
@@ -369,7 +356,7 @@ def _small(role: str, name: str, below: int) -> ast.expr:
 def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types.FunctionType:
     """``analysis.fn`` compiled again with each swap made (see the module
     docstring); with ``counter``, the function's first statement is
-    ``counter.calls += 1``."""
+    ``counter.tally.tick()`` (one more of its ``calls``)."""
     fn = analysis.fn
     node = copy.deepcopy(analysis.node)
     node.decorator_list = []  # already applied to the function running; not re-run
@@ -426,9 +413,8 @@ def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types
 
     node = Swapper().visit(node)
     if counter is not None:
-        cells["__kvest_spot__"] = counter
-        count = ast.AugAssign(ast.Attribute(ast.Name("__kvest_spot__", ast.Load()), "calls",
-                                            ast.Store()), ast.Add(), ast.Constant(1))
+        cells["__kvest_tick__"] = counter.tally.tick
+        count = ast.Expr(ast.Call(ast.Name("__kvest_tick__", ast.Load()), [], []))
         ast.copy_location(count, node.body[0])
         docstring = int(fingerprint.has_docstring(node))
         node.body.insert(docstring, ast.fix_missing_locations(count))

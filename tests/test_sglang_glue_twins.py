@@ -1,0 +1,138 @@
+"""The compiled glue (``kvest._reqs._DecodeCountGlue``, ``_BeamTailGlue``) is
+its Python twin's equal: on every input the same answer or the same decline,
+and the same counters (``kernel``, ``fallbacks``) -- so the pure-Python build
+and the compiled one tell an operator the same story.
+
+The twins are made as the plan makes them (``kvest.sglang.glue.make_*``): the
+compiled one where kvest's kernel is the compiled kernel, the Python one where
+it is another function (here the same kernel behind a wrapper)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+
+import kvest
+from kvest.sglang import glue, monitor
+from kvest.sglang.patterns import by_kind
+
+if kvest.IMPLEMENTATION != "cython":
+    pytest.skip("the compiled glue is the compiled build's", allow_module_level=True)
+from kvest import _reqs
+
+
+@dataclasses.dataclass(slots=True)
+class Kv:
+    kv_committed_len: object = 0
+    kv_allocated_len: object = 0
+
+
+class Req:
+    def __init__(self, committed, allocated=None, group=None):
+        self.kv = Kv(committed, committed + 1 if allocated is None else allocated)
+        self.beam_group = group
+
+
+class Sneaky(Req):
+    """A length read through a property: code of the caller's (pure mode refuses it)."""
+
+    @property
+    def beam_group(self):
+        return None
+
+    @beam_group.setter
+    def beam_group(self, value):
+        pass
+
+
+class Big(int):
+    pass
+
+
+def _twins(kind, monkeypatch):
+    """(compiled, python) glue of ``kind``, each counting into a spot of its own."""
+    pattern = by_kind(kind)[0]
+    maker = getattr(glue, f"make_{kind}")
+    compiled = maker(pattern, f"twins {kind} compiled", {})
+    real = {"decode_count": kvest.decode_new_tokens_from_reqs,
+            "beam_tail_loop": kvest.beam_groups_from_reqs}[kind]
+    name = real.__name__
+    monkeypatch.setattr(kvest, name, lambda *a, **k: real(*a, **k))
+    python = maker(pattern, f"twins {kind} python", {})
+    monkeypatch.undo()
+    assert isinstance(getattr(compiled, "__self__", None), _reqs._Glue)
+    assert isinstance(python, types.FunctionType)
+    return compiled, python
+
+
+def _same(kind, monkeypatch, calls):
+    compiled, python = _twins(kind, monkeypatch)
+    spots = [monitor.spot(f"twins {kind} {side}") for side in ("compiled", "python")]
+    monitor.STATE.announced = True
+    for args in calls:
+        answers = []
+        for fn, spot in zip((compiled, python), spots, strict=True):
+            spot.tally.tick()  # (the rewritten function's prologue)
+            answers.append(fn(*args))
+        assert answers[0] is glue.DECLINED or type(answers[0]) is type(answers[1]), args
+        assert answers[0] == answers[1] or answers[0] is answers[1] is glue.DECLINED, args
+        counts = [(s.kernel, s.fallbacks, s.upstream) for s in spots]
+        assert counts[0] == counts[1], args
+    return spots
+
+
+def test_the_decode_count_twins_agree(monkeypatch):
+    reqs = [Req(c) for c in (0, 1, 15, 16, 17, 32, 1000, 2**40)]
+    calls = [
+        (reqs, 16, sum), (tuple(reqs), 16, sum), ([], 16, sum), (reqs, 1, sum),
+        (reqs[:1], 16, sum), (reqs, 0, sum), (reqs, -3, sum), (reqs, 2**63, sum),
+        (reqs, 2**62, sum), (reqs, True, sum), (reqs, 16.0, sum), (reqs, Big(16), sum),
+        (reqs, 16, lambda xs: 0), (iter(reqs), 16, sum), ("abc", 16, sum),
+        ([Req(-1)], 16, sum), ([Req(Big(3))], 16, sum), ([Req(3.0)], 16, sum),
+        ([object()], 16, sum), ([Req(2**63)], 16, sum), ([*reqs, None], 16, sum),
+    ]
+    spots = _same("decode_count", monkeypatch, calls)
+    assert spots[0].kernel > 0 and spots[0].fallbacks > 0
+
+
+class Own:
+    def __init__(self, reqs):
+        self.reqs = reqs
+
+
+class Slotted:
+    __slots__ = ("reqs",)
+
+    def __init__(self, reqs):
+        self.reqs = reqs
+
+
+class Default(Own):
+    reqs = None
+
+
+class Property:
+    def __init__(self, reqs):
+        self._reqs = reqs
+
+    @property
+    def reqs(self):
+        return self._reqs
+
+
+class Fallback(Own):
+    def __getattr__(self, name):
+        return []
+
+
+def test_the_beam_tail_twins_agree(monkeypatch):
+    plain, grouped = [Req(1), Req(2)], [Req(1), Req(2, group=object())]
+    calls = []
+    for make in (Own, Slotted, Default, Property, Fallback):
+        for reqs in (plain, grouped, [], tuple(plain), [Sneaky(1)], [object()], None):
+            calls.append((make(reqs), enumerate))
+    calls.append((Own(plain), lambda xs: iter(())))
+    spots = _same("beam_tail_loop", monkeypatch, calls)
+    assert spots[0].kernel > 0 and spots[0].fallbacks > 0
