@@ -1039,6 +1039,14 @@ cdef class _Tally:
         """One more call of the hot spot (the rewritten function's first statement)."""
         self.calls += 1
 
+    def answered(self, answer):
+        """``answer``, a kernel's, counted (the Python glue's one call for it)."""
+        return _answered(self, answer)
+
+    def declined(self, declined):
+        """``declined``, a decline's marker, counted."""
+        return _declined(self, declined)
+
 
 cdef inline object _answered(_Tally t, object answer):
     """A kernel's answer, counted once per call and only in a call with no decline."""

@@ -56,22 +56,12 @@ _STATE = monitor.STATE
 def _declined(spot: monitor.Spot) -> Any:
     """Count a decline, once per call of the hot spot (a call with a decline
     is a fallback, whatever else answered in it); the glue's answer then."""
-    t = spot.tally
-    if t.last_fallback != t.calls:
-        t.fallbacks += 1
-        t.last_fallback = t.calls
-        if t.last_kernel == t.calls:
-            t.kernel -= 1
-    return DECLINED
+    return spot.tally.declined(DECLINED)
 
 
 def _answered(spot: monitor.Spot, answer: Any) -> Any:
     """Count a kernel's answer, once per call and only in a call with no decline."""
-    t = spot.tally
-    if t.last_kernel != t.calls and t.last_fallback != t.calls:
-        t.kernel += 1
-        t.last_kernel = t.calls
-    return answer
+    return spot.tally.answered(answer)
 
 
 # The compiled twins of the glues that run at every batch size, each standing

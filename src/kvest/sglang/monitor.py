@@ -132,6 +132,23 @@ class _PyTally:
         """One more call of the hot spot (the rewritten function's first statement)."""
         self.calls += 1
 
+    def answered(self, answer: Any) -> Any:
+        """``answer``, a kernel's: counted once per call, and only in a call with no decline."""
+        if self.last_kernel != self.calls and self.last_fallback != self.calls:
+            self.kernel += 1
+            self.last_kernel = self.calls
+        return answer
+
+    def declined(self, declined: Any) -> Any:
+        """``declined``, a decline's marker: counted once per call (a call with a
+        decline is a fallback, whatever else answered in it)."""
+        if self.last_fallback != self.calls:
+            self.fallbacks += 1
+            self.last_fallback = self.calls
+            if self.last_kernel == self.calls:
+                self.kernel -= 1
+        return declined
+
 
 Tally: Any = _PyTally  # the pure-Python build's
 if kvest.IMPLEMENTATION == "cython":

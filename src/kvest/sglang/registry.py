@@ -195,6 +195,7 @@ _NEW_INTS = ("upstream's loop is faster: kvest's writer, making a new int for ev
 # Crossovers: the smallest batch measured (1, 2, 4, ..., 128, 256, 1,024, 4,096)
 # from which kvest's glue and kernel take fewer instructions per call than
 # upstream's code (tools/cachegrind_hotspots.py --no-handoff; docs/benchmarks.md).
+# 0: kvest takes fewer from one request on (the glue compiled, kvest._reqs).
 _CROSS_DECODE = 0  # the no-spec estimate
 _CROSS_SPEC_V2 = 2  # the EAGLE estimate
 _CROSS_BEAM_TAIL = 0  # append_beam_tail
