@@ -51,16 +51,28 @@ class Big(int):
     pass
 
 
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def ceil_align(a, b):
+    return ceil_div(a, b) * b
+
+
+CHECKED = {"ceil_align": ceil_align, "ceil_div": ceil_div}
+
+
 def _twins(kind, monkeypatch):
     """(compiled, python) glue of ``kind``, each counting into a spot of its own."""
     pattern = by_kind(kind)[0]
     maker = getattr(glue, f"make_{kind}")
-    compiled = maker(pattern, f"twins {kind} compiled", {})
+    compiled = maker(pattern, f"twins {kind} compiled", CHECKED)
     real = {"decode_count": kvest.decode_new_tokens_from_reqs,
+            "spec_v2_total": kvest.spec_v2_new_tokens_from_reqs,
             "beam_tail_loop": kvest.beam_groups_from_reqs}[kind]
     name = real.__name__
     monkeypatch.setattr(kvest, name, lambda *a, **k: real(*a, **k))
-    python = maker(pattern, f"twins {kind} python", {})
+    python = maker(pattern, f"twins {kind} python", CHECKED)
     monkeypatch.undo()
     assert isinstance(getattr(compiled, "__self__", None), _reqs._Glue)
     assert isinstance(python, types.FunctionType)
@@ -95,6 +107,34 @@ def test_the_decode_count_twins_agree(monkeypatch):
     ]
     spots = _same("decode_count", monkeypatch, calls)
     assert spots[0].kernel > 0 and spots[0].fallbacks > 0
+
+
+def _other_ceil_align(a, b):
+    return ceil_align(a, b)
+
+
+def test_the_spec_v2_twins_agree(monkeypatch):
+    reqs = [Req(c, a) for c, a in ((0, 0), (1, 16), (15, 16), (16, 16), (17, 40), (5, 3),
+                                   (1000, 1004), (2**40, 2**40 + 3))]
+    calls = []
+    for total in (0, 7, -3, 2**70, 1.5, True):
+        for page, reserve in ((16, 4), (1, 0), (16, 0), (0, 4), (-1, 4), (16, -1),
+                              (2**63, 4), (16, 2**62), (16, 2**63), (True, 4), (16, 4.0)):
+            calls.append((total, reqs, page, reserve, max, ceil_align))
+    for bad in ((0, tuple(reqs), 16, 4, max, ceil_align), (0, [], 16, 4, max, ceil_align),
+                (0, reqs, 16, 4, min, ceil_align), (0, reqs, 16, 4, max, _other_ceil_align),
+                (0, iter(reqs), 16, 4, max, ceil_align), (0, [Req(-1, 3)], 16, 4, max, ceil_align),
+                (0, [Req(3, Big(4))], 16, 4, max, ceil_align),
+                (0, [*reqs, object()], 16, 4, max, ceil_align),
+                (0, [Req(2**62, 2**62)], 16, 2**62, max, ceil_align)):
+        calls.append(bad)
+    spots = _same("spec_v2_total", monkeypatch, calls)
+    assert spots[0].kernel > 0 and spots[0].fallbacks > 0
+    # A helper of the module rebound, or its code replaced in place: both decline.
+    compiled, python = _twins("spec_v2_total", monkeypatch)
+    monkeypatch.setitem(globals(), "ceil_div", lambda a, b: 0)
+    assert compiled(0, reqs, 16, 4, max, ceil_align) is glue.DECLINED
+    assert python(0, reqs, 16, 4, max, ceil_align) is glue.DECLINED
 
 
 class Own:

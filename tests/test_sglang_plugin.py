@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import sys
+import types
 
 import pytest
 from sglang_releases import check_required, fallbacks, releases
 from sglang_standins import request_class
 
 import kvest.sglang
+from kvest.sglang import monitor
 from kvest.sglang.upstream import Config, standin_tree
 
 RELEASES = [t for t in releases() if t.exists("sglang/srt/plugins/hook_registry.py")]
@@ -68,9 +71,13 @@ def test_load_plugins_replaces_the_estimate(tree, caplog):
     assert "new_tokens_required_next_decode replaced" in records[0].getMessage()
     report = kvest.sglang.status()["hotspots"]["new_tokens_required_next_decode"]
     assert report["state"] == "replaced" and report["kernel"] >= 2
+    # From the first call on, kvest's function itself, without the pass-through.
+    kvest_fn = cls.__dict__["new_tokens_required_next_decode"]
+    assert kvest_fn is patched.__closure__[0].cell_contents
+    assert kvest_fn.__kvest_original__ is original
     # Idempotent, as SGLang means load_plugins() to be.
     tree.modules["sglang.srt.plugins"].load_plugins()
-    assert cls.__dict__["new_tokens_required_next_decode"] is patched
+    assert cls.__dict__["new_tokens_required_next_decode"] is kvest_fn
 
 
 @pytest.mark.parametrize("env", [{"KVEST_SGLANG": "0"}, {"SGLANG_PLUGINS": "someone_else"}])
@@ -118,6 +125,37 @@ def test_the_hook_wrapper_shows_kvest_in_its_repr(tree):
     assert "new_tokens_required_next_decode[kvest]" in repr(hooked)
     assert hooked.__wrapped__ is original
     assert "[kvest]" not in repr(hooked.__wrapped__)
+
+
+def test_the_hook_registrys_pass_through_is_dropped_everywhere(tree):
+    """HookRegistry binds a pass-through wrapper of kvest's function wherever
+    upstream's was: from the first call (the status line) every binding is
+    kvest's function itself -- one Python call less on every call -- and a
+    binding that is no such pass-through is left as it is."""
+    tree.modules["sglang.srt.plugins"].load_plugins()
+    hooked = list(monitor.STATE.hooked)
+    assert hooked
+    wrappers = {id(vars(owner)[attr]): new for owner, attr, _, new in hooked}
+    held = [(m, name) for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)
+            for name, value in list(vars(m).items()) if id(value) in wrappers]
+    # Another plugin's wrapper around the pass-through (as an AROUND hook
+    # binds) is no pass-through of kvest's function: it stays.
+    (owner, attr, original, new), *rest = hooked
+    inner = vars(owner)[attr]
+
+    def around(*args, **kwargs):
+        return inner(*args, **kwargs)
+
+    around.__wrapped__ = original
+    setattr(owner, attr, around)
+    monitor.announce()
+    assert vars(owner)[attr] is around
+    for owner, attr, _, new in rest:
+        assert vars(owner)[attr] is new, (owner, attr)
+    unwrapped = {id(new) for _, _, _, new in rest}
+    for module, name in held:
+        value = getattr(module, name)
+        assert id(value) in unwrapped or value is inner, (module.__name__, name)
 
 
 def test_an_unreadable_switch_turns_kvest_off_with_a_warning(tree, monkeypatch, caplog):

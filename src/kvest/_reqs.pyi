@@ -107,3 +107,11 @@ class _DecodeCountGlue(_Glue):
 
 class _BeamTailGlue(_Glue):
     def run(self, owner: object, enumerate_: object) -> object: ...
+
+class _SpecV2TotalGlue(_Glue):
+    def __init__(self, tally: _Tally, declined: object, state: object,
+                 first_call: Callable[[], object], builtin: object, layout: str | None,
+                 factor: int, ceil_align: Callable[..., object],
+                 ceil_div: Callable[..., object]) -> None: ...
+    def run(self, total: object, requests: object, page_size: object, reserve: object,
+            max_: object, ceil_align_: object) -> object: ...

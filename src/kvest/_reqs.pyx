@@ -1169,3 +1169,52 @@ cdef class _BeamTailGlue(_Glue):
                     if job.count == 0:
                         return _answered(self.tally, None)
         return _declined(self.tally, self.declined)
+
+
+cdef class _SpecV2TotalGlue(_Glue):
+    """``for r in requests: total += ceil_align(max(A, C + R), p) -
+    ceil_align(A, p)``, R being ``factor`` times the reserve read: the Python
+    twin is kvest.sglang.glue.make_spec_v2_total's ``spec_v2_total``.  The
+    helpers must still be the functions kvest proved the pattern with, their
+    code unreplaced (an autoreload keeps a function's identity)."""
+
+    cdef object layout, factor, ceil_align, ceil_div, align_code, div_code
+    cdef dict home
+    cdef Job job  # the last (page size, reserve)'s, made ready (_job_init) once
+    cdef int64_t job_p, job_r
+
+    def __init__(self, _Tally tally, declined, state, first_call, builtin, layout, factor,
+                 ceil_align, ceil_div):
+        _Glue.__init__(self, tally, declined, state, first_call, builtin)
+        self.layout, self.factor = layout, factor
+        self.ceil_align, self.ceil_div = ceil_align, ceil_div
+        self.home = ceil_align.__globals__
+        self.align_code, self.div_code = ceil_align.__code__, ceil_div.__code__
+        self.job_p = 0
+
+    def run(self, total, requests, page_size, reserve, max_, ceil_align_):
+        cdef Job job
+        cdef int64_t p, r
+        cdef int overflow = 0
+        self._announce()
+        if (max_ is self.builtin and ceil_align_ is self.ceil_align
+                and self.home.get("ceil_div") is self.ceil_div
+                and self.ceil_align.__code__ is self.align_code
+                and self.ceil_div.__code__ is self.div_code
+                and type(total) is int and (type(requests) is list or type(requests) is tuple)
+                and type(page_size) is int and type(reserve) is int):
+            p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
+            if overflow == 0 and p >= 1 and reserve >= 0:
+                try:
+                    r = _count(self.factor * reserve, "reserve", 0)
+                    if p != self.job_p or r != self.job_r:
+                        self.job_p = 0
+                        _job_init(&self.job, SPEC_V2, p, r, self.layout, True, KV_PURE_STRICT)
+                        self.job_p, self.job_r = p, r
+                    job = self.job
+                    self._walk(&job, requests)
+                except Exception:
+                    pass  # upstream's loop raises its own exception
+                else:
+                    return _answered(self.tally, total + job.tokens)
+        return _declined(self.tally, self.declined)

@@ -8,10 +8,14 @@ or upstream's functions), and reports ``kvest.sglang.status()``.  All build the
 same world from the same seed (:class:`kvest._bench.sglang_world.World`: real
 ``Req``, ``ScheduleBatch``, ``ReqToTokenPool`` and
 ``PagedTokenToKVPoolAllocator(device="cpu")``, the GPU parts answered at once).
-The parent asks the two workers of a pair in turn for one sample of a cell, so
-the two are measured side by side, and takes the samples from the pairs in
-turn (:class:`Pairs`: how a process's objects land in memory moves its times);
-a cell is first run once on each side of every pair and the outcomes compared.
+A cell is first run once on each side of every pair and the outcomes compared.
+Its times come from kvest's worker, which swaps every binding
+``load_plugins()`` changed back to upstream's function and forth between
+samples (:class:`Bindings`), so that upstream and kvest are measured side by
+side in one process, on the same objects where they lie; the samples are
+taken from the pairs in turn (:class:`Pairs`: how a process's objects land in
+memory moves its times).  The bound (kvest's kernels answering from a replay)
+is timed in a worker of its own in each pair.
 
 Steps (``n`` requests, page size 16, EAGLE (steps, topk, draft) = (3, 1, 4)),
 each timed from the same state (restored outside the timed region):
@@ -44,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -345,6 +350,53 @@ def _make_kernels_free() -> None:
         setattr(kvest, name, free)
 
 
+class Bindings:
+    """In kvest's worker: every module and class attribute ``load_plugins()``
+    changed, with upstream's value and kvest's, so that one process times
+    both sides' functions, swapped between samples (:meth:`use`).  Where
+    objects land in memory moves a process's times by tens of percent
+    (:class:`Pairs`); within one process both sides meet the same layout, so
+    the comparison is paired."""
+
+    def __init__(self) -> None:
+        self.before = self._snapshot()
+        self.changes: list[tuple[Any, str, Any, Any]] = []
+        self.side = "kvest"
+
+    @staticmethod
+    def _snapshot() -> dict[int, tuple[Any, dict[str, Any]]]:
+        owners: dict[int, tuple[Any, dict[str, Any]]] = {}
+        for module in list(sys.modules.values()):
+            if not isinstance(module, types.ModuleType):
+                continue
+            owners[id(module)] = (module, dict(vars(module)))
+            if module.__name__.startswith("sglang"):
+                for value in list(vars(module).values()):
+                    if isinstance(value, type):
+                        owners.setdefault(id(value), (value, dict(vars(value))))
+        return owners
+
+    def installed(self) -> None:
+        """What ``load_plugins()`` changed, read once kvest's functions have run
+        (the status line, on the first call, drops SGLang's pass-through
+        wrappers: :mod:`kvest.sglang.monitor`), as in a scheduler's steps."""
+        for owner, old in self.before.values():
+            now = vars(owner)
+            for name, value in old.items():
+                if name in now and now[name] is not value:
+                    self.changes.append((owner, name, value, now[name]))
+        self.before = {}
+        if not self.changes:
+            raise RuntimeError("kvest's worker found nothing load_plugins() changed")
+
+    def use(self, side: str) -> None:
+        """Bind ``side``'s functions (``"upstream"`` or ``"kvest"``) everywhere."""
+        if side != self.side:
+            for owner, name, upstream, kvest in self.changes:
+                setattr(owner, name, upstream if side == "upstream" else kvest)
+            self.side = side
+
+
 def _status() -> dict[str, Any]:
     import kvest.sglang
 
@@ -360,6 +412,7 @@ def worker() -> int:
     # Whether SGLang's scheduler imports here is told by the workers, which
     # import it anyway: the parent never imports it (seconds saved).
     why_not = available()
+    bindings = None
     if why_not is None:
         from kvest._bench import sglang_world as w
 
@@ -369,8 +422,9 @@ def worker() -> int:
             _make_kernels_free()
         from sglang.srt.plugins import load_plugins
 
+        w.use_assign(w.assign_nothing)  # both sides' (before the snapshot)
+        bindings = Bindings()
         load_plugins()
-        w.use_assign(w.assign_nothing)
     cells = Cells()
     for line in sys.stdin:
         ask = json.loads(line)
@@ -385,7 +439,15 @@ def worker() -> int:
             else:
                 cells.use(ask["cell"], ask["n"])
                 if op == "sample":
-                    answer = cells.sample(ask["number"])
+                    if bindings is not None:
+                        if bindings.before:  # (after a check: the functions have run)
+                            bindings.installed()
+                        bindings.use(ask.get("side", "kvest"))
+                    try:
+                        answer = cells.sample(ask["number"])
+                    finally:
+                        if bindings is not None:
+                            bindings.use("kvest")
                 elif op == "check":
                     answer = cells.check()
                 elif op == "lines":
@@ -486,8 +548,8 @@ class Pair:
         for w in self.workers.values():
             w.close()
 
-    def ask(self, side: str, op: str, **kwargs: Any) -> Any:
-        return self.workers[side].ask(op, **kwargs)
+    def ask(self, worker: str, op: str, **kwargs: Any) -> Any:
+        return self.workers[worker].ask(op, **kwargs)
 
 
 class Pairs:
@@ -548,7 +610,7 @@ class Pairs:
         first = self.pairs[0]
         number = 1
         while True:  # calls per sample: about ``target`` seconds on the upstream side
-            t = first.ask("upstream", "sample", cell=cell, n=n, number=number)
+            t = first.ask("kvest", "sample", cell=cell, n=n, number=number, side="upstream")
             if t * number >= target / 4 or number >= 4096:
                 number = max(1, min(4096, int(target / max(t, 1e-9))))
                 break
@@ -557,7 +619,11 @@ class Pairs:
         for k in range(max(samples, len(self.pairs))):
             pair = self.pairs[k % len(self.pairs)]
             for side in sides:
-                times[side].append(pair.ask(side, "sample", cell=cell, n=n, number=number))
+                # upstream's and kvest's functions in kvest's worker, side by
+                # side (Bindings); the bound in its own
+                worker = FREE if side == FREE else "kvest"
+                times[side].append(pair.ask(worker, "sample", cell=cell, n=n, number=number,
+                                            side=side if side != FREE else "kvest"))
         return {side: statistics.median(ts) for side, ts in times.items()}
 
     def lines(self) -> dict[tuple[str, str, int], int]:

@@ -73,6 +73,7 @@ if kvest.IMPLEMENTATION == "cython":
     from kvest import _reqs
 
     _COMPILED = {_reqs.decode_new_tokens_from_reqs: _reqs._DecodeCountGlue,
+                 _reqs.spec_v2_new_tokens_from_reqs: _reqs._SpecV2TotalGlue,
                  _reqs.beam_groups_from_reqs: _reqs._BeamTailGlue}
 
 
@@ -225,6 +226,10 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
     # A helper's code replaced in place (an autoreload) keeps its identity.
     align_code, div_code = ceil_align.__code__, ceil_div.__code__
     below = _below(pattern.kind)
+    compiled = _COMPILED.get(kernel)
+    if compiled is not None and not below:
+        return compiled(spot.tally, DECLINED, _STATE, _first_call, _MAX, layout, factor,
+                        ceil_align, ceil_div).run
 
     def spec_v2_total(total: Any, requests: Any, page_size: Any, reserve: Any, max_: Any,
                       ceil_align_: Any) -> int:

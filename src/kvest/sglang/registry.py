@@ -197,7 +197,7 @@ _NEW_INTS = ("upstream's loop is faster: kvest's writer, making a new int for ev
 # upstream's code (tools/cachegrind_hotspots.py --no-handoff; docs/benchmarks.md).
 # 0: kvest takes fewer from one request on (the glue compiled, kvest._reqs).
 _CROSS_DECODE = 0  # the no-spec estimate
-_CROSS_SPEC_V2 = 2  # the EAGLE estimate
+_CROSS_SPEC_V2 = 0  # the EAGLE estimate
 _CROSS_BEAM_TAIL = 0  # append_beam_tail
 _CROSS_ALLOC_LENS = 8  # page_aligned_decode_alloc_lens
 _CROSS_ADD_LENGTHS = 16  # alloc_for_decode_default's adding loop
