@@ -176,3 +176,82 @@ def test_the_beam_tail_twins_agree(monkeypatch):
     calls.append((Own(plain), lambda xs: iter(())))
     spots = _same("beam_tail_loop", monkeypatch, calls)
     assert spots[0].kernel > 0 and spots[0].fallbacks > 0
+
+
+def test_the_small_alloc_lens_twins_agree():
+    """``_plan_lists`` (the int32 callers' alloc lens below ``lists_below``)
+    against the same answer made through the kernel in Python."""
+    from kvest.sglang.registry import KINDS
+
+    twin = glue._lists_twin(kvest.decode_alloc_plan_from_reqs)
+    below = KINDS["alloc_lens_function"].lists_below
+    lengths = [(0, 0), (1, 16), (15, 16), (16, 16), (17, 40), (5, 3), (1000, 1004)]
+    cases = []
+    for n in range(below):
+        reqs = [Req(*lengths[i % len(lengths)]) for i in range(n)]
+        for page, reserve in ((16, 4), (1, 0), (16, 0), (0, 4), (-1, 4), (16, -1),
+                              (2**63, 4), (16, 2**62), (True, 4), (16, 4.0)):
+            cases.append((reqs, page, reserve, "nested"))
+        cases.append((tuple(reqs), 16, 4, "nested"))
+    cases += [([Req(-1, 3)], 16, 4, "nested"), ([Req(3, Big(4))], 16, 4, "nested"),
+              ([Req(2**62, 2**62)], 16, 2**62, "nested"), ([object()], 16, 4, "nested"),
+              ([Req(3, 4)], 16, 4, "flat"), ([Req(3, 4)], 16, 4, None), (iter([]), 16, 4, None)]
+    answered = 0
+    for case in cases:
+        got, want = _reqs._plan_lists(*case), twin(*case)
+        assert got == want, case
+        if got is not None:
+            answered += 1
+            assert {type(v) for v in got[0] + got[1]} <= {int}, case
+    assert 0 < answered < len(cases)
+
+
+def _upstream_lens(reqs, *, reserve, page_size):
+    """Stands in for upstream's function (the twins must call it where they decline)."""
+    return ("upstream", type(reqs).__name__, reserve, page_size)
+
+
+def _plain_answer(answer):
+    if isinstance(answer, tuple) and answer and hasattr(answer[0], "dtype"):
+        return ("arrays", str(answer[0].dtype), answer[0].tolist(), answer[1].tolist(),
+                answer[2])
+    return answer
+
+
+def test_the_alloc_lens_twins_agree(monkeypatch):
+    """The int32 callers' whole function: kvest's int32 arrays, upstream's
+    lists below ``lists_below``, or upstream's own function -- the same from
+    both twins, counted the same, a shadowed builtin included."""
+    pattern = by_kind("alloc_lens_function")[0]
+    real = kvest.decode_alloc_plan_from_reqs
+    compiled = glue.make_alloc_lens_int32(_upstream_lens, pattern, "twins alloc lens compiled")
+    monkeypatch.setattr(kvest, "decode_alloc_plan_from_reqs", lambda *a, **k: real(*a, **k))
+    python = glue.make_alloc_lens_int32(_upstream_lens, pattern, "twins alloc lens python")
+    monkeypatch.undo()
+    assert "run" in compiled.__code__.co_freevars and "run" not in python.__code__.co_freevars
+    spots = [monitor.spot(f"twins alloc lens {side}") for side in ("compiled", "python")]
+    monitor.STATE.announced = True
+    lengths = [(0, 0), (1, 16), (15, 16), (16, 16), (17, 40), (5, 3), (1000, 1004)]
+    cases = []
+    for n in (0, 1, 7, 8, 20):
+        reqs = [Req(*lengths[i % len(lengths)]) for i in range(n)]
+        cases += [(reqs, 4, 16), (tuple(reqs), 4, 16), (reqs, 0, 1), (reqs, -1, 16),
+                  (reqs, 4, 0), (reqs, 2**63, 16), (reqs, 4, True), (reqs, 4.0, 16)]
+    cases += [([Req(-1, 3)], 4, 16), ([Req(3, Big(4))], 4, 16), ([Req(2**40, 2**40)], 4, 16),
+              ([Req(2**40, 2**40)] * 9, 4, 16), ([object()], 4, 16), (iter([Req(1)]), 4, 16)]
+
+    def run_all():
+        for reqs, reserve, page in cases:
+            got = [_plain_answer(fn(reqs, reserve=reserve, page_size=page))
+                   for fn in (compiled, python)]
+            assert got[0] == got[1], (len(reqs) if hasattr(reqs, "__len__") else reqs,
+                                      reserve, page, got)
+            counts = [(s.calls, s.kernel, s.fallbacks) for s in spots]
+            assert counts[0] == counts[1]
+
+    run_all()
+    assert spots[0].kernel > 0 and spots[0].fallbacks > 0
+    monkeypatch.setitem(globals(), "max", lambda *a: 0)  # upstream's `max` is no longer the builtin
+    before = spots[0].kernel
+    run_all()
+    assert spots[0].kernel == before

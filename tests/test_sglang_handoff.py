@@ -10,6 +10,7 @@ small batches reach the kernels.)
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from sglang_releases import check_required, releases
 from sglang_standins import request_class
@@ -59,19 +60,28 @@ def _alloc_lens(tree, n):
     return list(cur), list(nxt), need
 
 
-def test_below_the_crossover_upstream_answers(handoff_on):
-    below = registry.KINDS["alloc_lens_function"].upstream_below
-    assert below > 1  # measured: one request costs kvest's kernel more than upstream's loop
+def test_a_small_batch_gets_upstreams_lists_from_the_kernel(handoff_on):
+    """The int32 callers' alloc lens: below the kind's ``lists_below`` kvest's
+    kernel answers with lists, as upstream's function does (its int32 arrays
+    would cost the caller's tensors more there), from it with int32 arrays;
+    either way the kernel's answer, equal to upstream's."""
+    below = registry.KINDS["alloc_lens_function"].lists_below
+    assert below > 1
     with standin_tree(NEWEST) as tree:
         if not tree.has("alloc_lens"):
             pytest.skip(f"sglang {tree.version} has no page_aligned_decode_alloc_lens")
-        expected = [_alloc_lens(tree, n) for n in (below - 1, below)]
+        expected = [_alloc_lens(tree, n) for n in (1, below - 1, below)]
+        lens = tree.modules["sglang.srt.speculative.eagle_utils"]
         with kvest.sglang.patch():
-            calls, kernel, fallbacks, upstream = _counts(ALLOC_LENS)
-            assert _alloc_lens(tree, below - 1) == expected[0]
-            assert _counts(ALLOC_LENS) == (calls + 1, kernel, fallbacks, upstream + 1)
-            assert _alloc_lens(tree, below) == expected[1]
-            assert _counts(ALLOC_LENS) == (calls + 2, kernel + 1, fallbacks, upstream + 1)
+            for n, want in zip((1, below - 1, below), expected, strict=True):
+                calls, kernel, fallbacks, upstream = _counts(ALLOC_LENS)
+                assert _alloc_lens(tree, n) == want
+                assert _counts(ALLOC_LENS) == (calls + 1, kernel + 1, fallbacks, upstream)
+                make = request_class(tree.layout())
+                cur, nxt, _ = lens.page_aligned_decode_alloc_lens(
+                    [make(3, 4)] * n, reserve=8, page_size=16)
+                assert (type(cur), type(nxt)) == ((list, list) if n < below else
+                                                  (np.ndarray, np.ndarray))
 
 
 @pytest.mark.parametrize("spot", list(ESTIMATES))
@@ -113,15 +123,23 @@ def test_shadow_mode_compares_the_kernels_at_every_size(handoff_on):
 
 
 def test_a_handed_call_is_counted_once_and_reaches_the_metrics(handoff_on):
-    below = registry.KINDS["alloc_lens_function"].upstream_below
+    """The adding loop below its crossover: upstream's loop, counted as
+    ``upstream`` once per call, in the metrics too."""
+    below = registry.KINDS["add_lengths_loop"].upstream_below
+    if not any(NEWEST.version in p.releases for p in patterns.by_kind("add_lengths_loop")):
+        pytest.skip(f"sglang {NEWEST.version} has no adding loop kvest compiles")
     with standin_tree(NEWEST) as tree:
-        if not tree.has("alloc_lens"):
-            pytest.skip(f"sglang {tree.version} has no page_aligned_decode_alloc_lens")
+        make = request_class(tree.layout())
         with kvest.sglang.patch():
-            before = metrics._counters(kvest.sglang.status()["hotspots"][ALLOC_LENS])
+            _, swapped, params = _adding_pair(tree)
+            spot = monitor.spot("alloc_for_decode_default (statement alone)")
+            spot.calls = spot.kernel + spot.fallbacks  # (no other test's calls in `upstream`)
+            before = metrics._counters(monitor._entry(spot))
             for _ in range(3):
-                _alloc_lens(tree, below - 1)
-            after = metrics._counters(kvest.sglang.status()["hotspots"][ALLOC_LENS])
+                spot.calls += 1  # (a whole function's prologue counts its calls)
+                batch = _Batch([make(i, i + 1) for i in range(below - 1)])
+                swapped(*[batch if p == "batch" else 2 for p in params])
+            after = metrics._counters(monitor._entry(spot))
     assert after["upstream"] - before["upstream"] == 3
     assert after["kernel"] == before["kernel"] and after["fallback"] == before["fallback"]
 

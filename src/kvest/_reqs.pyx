@@ -52,6 +52,8 @@ from kvest._route cimport (
     kv_plain_attr,
 )
 
+import builtins as _builtins
+
 import numpy as np
 
 from kvest._errors import (
@@ -1217,4 +1219,137 @@ cdef class _SpecV2TotalGlue(_Glue):
                     pass  # upstream's loop raises its own exception
                 else:
                     return _answered(self.tally, total + job.tokens)
+        return _declined(self.tally, self.declined)
+
+
+cdef enum:
+    _LISTS_MAX = 64  # the most requests _plan_lists answers (its rows sit on the C stack)
+
+
+def _plan_lists(reqs, page_size, reserve, layout):
+    """``page_aligned_decode_alloc_lens``'s own answer for a small batch:
+    ``(cur, nxt, tokens)``, two lists of ints and their total, from the plan's
+    rows (``page_aligned=True``, pure mode, exact ints), for an exact list or
+    tuple of at most 64 requests and exact ints ``page_size >= 1``,
+    ``reserve >= 0``; ``None`` where the kernel declines (an impure request, an
+    overflow, anything else).  For the SGLang glue: below a few requests the
+    caller's int32 tensors are made faster from lists than from arrays."""
+    cdef Job job
+    cdef int64_t cur[_LISTS_MAX]
+    cdef int64_t nxt[_LISTS_MAX]
+    cdef int64_t p, r
+    cdef int overflow = 0
+    cdef Py_ssize_t m, i
+    if not ((type(reqs) is list or type(reqs) is tuple) and type(page_size) is int
+            and type(reserve) is int):
+        return None
+    m = len(reqs)
+    p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
+    if overflow or p < 1 or m > _LISTS_MAX:
+        return None
+    r = PyLong_AsLongLongAndOverflow(reserve, &overflow)
+    if overflow or r < 0:
+        return None
+    try:
+        _job_init(&job, PLAN, p, r, layout, True, KV_PURE_STRICT)
+        job.rows = m
+        job.cur = &cur[0]
+        job.nxt = &nxt[0]
+        if type(reqs) is list:
+            _walk_rows_dense_list(&job, reqs, m)
+        else:
+            _walk_all(&job, reqs)
+    except Exception:
+        return None
+    if job.row != m:
+        return None
+    return [cur[i] for i in range(m)], [nxt[i] for i in range(m)], job.tokens
+
+
+def _globals_resolve(dict namespace, tuple names, tuple expected, missing):
+    """Whether each of ``names``, looked up as a function of ``namespace``
+    looks up a global (that dict, then its ``__builtins__``), is the object at
+    the same place in ``expected`` (``missing``: found in neither):
+    kvest.sglang.glue's ``resolves`` in C (a whole function kvest replaced
+    reads these names on every call)."""
+    cdef Py_ssize_t i
+    cdef object home = namespace.get("__builtins__", _builtins)
+    cdef dict table = home if type(home) is dict else vars(home)
+    for i in range(len(names)):
+        value = namespace.get(names[i], missing)
+        if value is missing:
+            value = table.get(names[i], missing)
+        if value is not expected[i]:
+            return False
+    return True
+
+
+cdef class _AllocLensGlue(_Glue):
+    """``page_aligned_decode_alloc_lens`` for its int32 callers, the whole
+    function: ``(cur, nxt, tokens)`` as int32 arrays, or below
+    ``lists_below`` requests as upstream's lists; ``declined`` (counted) where
+    upstream's function must answer.  It counts the call itself.  The Python
+    twin is kvest.sglang.glue.make_alloc_lens_int32's function."""
+
+    cdef dict namespace
+    cdef tuple names, expected
+    cdef object layout, missing
+    cdef Py_ssize_t lists_below
+    cdef Job job  # the last (page size, reserve)'s, made ready (_job_init) once
+    cdef int64_t job_p, job_r
+
+    def __init__(self, _Tally tally, declined, state, first_call, dict namespace, tuple names,
+                 tuple expected, missing, layout, Py_ssize_t lists_below):
+        _Glue.__init__(self, tally, declined, state, first_call, None)
+        if not 0 <= lists_below <= _LISTS_MAX:
+            raise ValueError(f"lists_below: 0 to {_LISTS_MAX}")
+        self.namespace, self.names, self.expected = namespace, names, expected
+        self.missing = missing
+        self.layout, self.lists_below = layout, lists_below
+        self.job_p = 0
+
+    def run(self, reqs, reserve, page_size):
+        cdef Job job
+        cdef int64_t cur[_LISTS_MAX]
+        cdef int64_t nxt[_LISTS_MAX]
+        cdef int64_t p, r
+        cdef int overflow = 0
+        cdef Py_ssize_t m, i
+        cdef cnp.npy_intp dims
+        self._announce()
+        self.tally.calls += 1
+        if ((type(reqs) is list or type(reqs) is tuple) and type(reserve) is int
+                and type(page_size) is int
+                and _globals_resolve(self.namespace, self.names, self.expected, self.missing)):
+            p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
+            if overflow == 0 and p >= 1:
+                r = PyLong_AsLongLongAndOverflow(reserve, &overflow)
+                if overflow == 0 and r >= 0:
+                    m = len(reqs)
+                    try:
+                        if p != self.job_p or r != self.job_r:
+                            self.job_p = 0
+                            _job_init(&self.job, PLAN, p, r, self.layout, True, KV_PURE_STRICT)
+                            self.job_p, self.job_r = p, r
+                        job = self.job
+                        job.rows = m
+                        if m < self.lists_below:
+                            job.cur, job.nxt = &cur[0], &nxt[0]
+                            self._walk(&job, reqs)
+                            if job.row == m:
+                                return _answered(self.tally, (
+                                    [cur[i] for i in range(m)], [nxt[i] for i in range(m)],
+                                    job.tokens))
+                        else:
+                            dims = m
+                            cur_out = cnp.PyArray_EMPTY(1, &dims, cnp.NPY_INT32, 0)
+                            nxt_out = cnp.PyArray_EMPTY(1, &dims, cnp.NPY_INT32, 0)
+                            job.cur = cnp.PyArray_DATA(<cnp.ndarray>cur_out)
+                            job.nxt = cnp.PyArray_DATA(<cnp.ndarray>nxt_out)
+                            job.cur32 = job.nxt32 = True
+                            self._walk(&job, reqs)
+                            if job.row == m:
+                                return _answered(self.tally, (cur_out, nxt_out, job.tokens))
+                    except Exception:
+                        pass  # upstream's function raises its own exception
         return _declined(self.tally, self.declined)

@@ -66,8 +66,10 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
         version = steps.version
         title = (f"The decode step as the scheduler runs it, real sglang {version}: "
                  f"{section.pairs} {'pair' if section.pairs == 1 else 'pairs'} of processes "
-                 "after load_plugins() (one of each "
-                 "with KVEST_SGLANG=0), real `Req`, "
+                 "after load_plugins() (one of each with KVEST_SGLANG=0, whose outcomes "
+                 "must equal kvest's); both sides timed in kvest's process, every binding "
+                 "load_plugins() changed swapped back to upstream's and forth between "
+                 "samples; real `Req`, "
                  "`ScheduleBatch`, `ReqToTokenPool` and `PagedTokenToKVPoolAllocator` on CPU, "
                  f"the slot search answered at once, page size {sglang_step.PAGE_SIZE}, "
                  "EAGLE (3, 1, 4): upstream → kvest (speedup):")

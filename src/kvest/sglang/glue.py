@@ -19,6 +19,7 @@ original runs.
 from __future__ import annotations
 
 import builtins
+import functools
 import operator
 import types
 from collections.abc import Callable
@@ -69,12 +70,17 @@ def _answered(spot: monitor.Spot, answer: Any) -> Any:
 # plan is made (the pure-Python build; a test's stand-in; the benchmark's
 # replayed answers), the glue is the Python function here, which calls it.
 _COMPILED: dict[Any, Any] = {}
+_PLAN_LISTS: dict[Any, Any] = {}
+_GLOBALS_RESOLVE: Any = None
 if kvest.IMPLEMENTATION == "cython":
     from kvest import _reqs
 
     _COMPILED = {_reqs.decode_new_tokens_from_reqs: _reqs._DecodeCountGlue,
                  _reqs.spec_v2_new_tokens_from_reqs: _reqs._SpecV2TotalGlue,
-                 _reqs.beam_groups_from_reqs: _reqs._BeamTailGlue}
+                 _reqs.beam_groups_from_reqs: _reqs._BeamTailGlue,
+                 _reqs.decode_alloc_plan_from_reqs: _reqs._AllocLensGlue}
+    _PLAN_LISTS = {_reqs.decode_alloc_plan_from_reqs: _reqs._plan_lists}
+    _GLOBALS_RESOLVE = _reqs._globals_resolve
 
 
 def _sized(glue: Callable[..., Any], below: int) -> Callable[..., Any]:
@@ -412,17 +418,27 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
 
 # ------------------------------------------------------------------ whole functions
 
+def _resolution(fn: Any, pattern: Pattern) -> tuple[dict[str, Any], tuple[str, ...],
+                                                      tuple[Any, ...]]:
+    """``fn``'s globals, the global names its pattern reads, and the object
+    each must still resolve to: the builtin for a builtin's name, else what it
+    was when kvest planned."""
+    namespace = fn.__globals__
+    names = tuple(pattern.globals)
+    expected = tuple(getattr(builtins, n) if hasattr(builtins, n)
+                     else namespace.get(n, _NOTHING) for n in names)
+    return namespace, names, expected
+
+
 def _resolver(fn: Any, pattern: Pattern) -> Callable[[], bool]:
     """Whether every global name ``fn`` reads (the pattern's, from its syntax
     tree) still resolves, as a global lookup in ``fn`` would, to the object kvest
-    proved its version with: the builtin for a builtin's name (a module-level
-    ``def max`` or ``max = ...``, before or after import, says no), else what
-    it was when kvest planned."""
-    namespace = fn.__globals__
-    names = tuple(pattern.globals)
-    missing = object()
-    expected = tuple(getattr(builtins, n) if hasattr(builtins, n)
-                     else namespace.get(n, missing) for n in names)
+    proved its version with (:func:`_resolution`): a module-level ``def max``
+    or ``max = ...``, before or after import, says no."""
+    namespace, names, expected = _resolution(fn, pattern)
+    if _GLOBALS_RESOLVE is not None and type(namespace) is dict:  # the same, in C
+        return functools.partial(_GLOBALS_RESOLVE, namespace, names, expected, _NOTHING)
+    missing = _NOTHING
 
     def resolves() -> bool:
         home = namespace.get("__builtins__", builtins)
@@ -483,19 +499,52 @@ def _at_most(values: np.ndarray, bound: int) -> bool:
     return values.size == 0 or int(values.max()) <= bound
 
 
+def _lists_twin(plan: Callable[..., Any]) -> Callable[..., Any]:
+    """``kvest._reqs._plan_lists`` through ``plan`` (the pure-Python build, or
+    a kernel that is not the compiled one)."""
+
+    def plan_lists(reqs: Any, page_size: Any, reserve: Any, layout: Any) -> Any:
+        try:
+            result = plan(reqs, page_size, reserve, page_aligned=True, layout=layout,
+                          exact_ints=True, pure=True)
+        except Exception:
+            return None
+        return result.cur.tolist(), result.nxt.tolist(), result.num_tokens
+
+    return plan_lists
+
+
 def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: str
                           ) -> Callable[..., Any]:
     """``page_aligned_decode_alloc_lens`` as int32 arrays, one pass over the requests.
 
     Only for callers that turn the two lists straight into int32 tensors (read
     from their source): ``torch.tensor(array, dtype=torch.int32)`` makes the
-    same tensor without a Python loop.  A length that does not fit int32 makes
-    kvest decline, and the original's lists go to the caller, whose
-    ``torch.tensor`` then fails as it always did.
+    same tensor without a Python loop.  Below the kind's ``lists_below``
+    requests the kernel's rows come back as upstream's lists (the caller's
+    tensors are made faster from a few ints in a list than from an array).
+    A length that does not fit int32 makes kvest decline, and the original's
+    lists go to the caller, whose ``torch.tensor`` then fails as it always did.
     """
     plan, int32, spot = kvest.decode_alloc_plan_from_reqs, np.int32, monitor.spot(name)
     layout, resolves = pattern.layout, _resolver(original, pattern)
     below, tick = _below(pattern.kind), spot.tally.tick
+    lists_below = KINDS[pattern.kind].lists_below
+    lists = _PLAN_LISTS.get(plan) or _lists_twin(plan)
+    compiled = _COMPILED.get(plan)
+    namespace, names, expected = _resolution(original, pattern)
+    if compiled is not None and not below and type(namespace) is dict:
+        run = compiled(spot.tally, DECLINED, _STATE, _first_call, namespace, names, expected,
+                       _NOTHING, layout, lists_below).run
+
+        def alloc_lens(reqs: Any, *, reserve: Any, page_size: Any) -> Any:
+            answer = run(reqs, reserve, page_size)  # (counts the call)
+            if answer is DECLINED:
+                return original(reqs, reserve=reserve, page_size=page_size)
+            return answer
+
+        alloc_lens.__name__ = alloc_lens.__qualname__ = "page_aligned_decode_alloc_lens"
+        return alloc_lens
 
     def page_aligned_decode_alloc_lens(reqs: Any, *, reserve: Any, page_size: Any) -> Any:
         if not _STATE.announced:
@@ -505,13 +554,18 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
             return original(reqs, reserve=reserve, page_size=page_size)
         if type(reqs) in _SEQUENCES and type(reserve) is int and reserve >= 0 \
                 and type(page_size) is int and page_size >= 1 and resolves():
-            try:
-                result = plan(reqs, page_size, reserve, page_aligned=True, dtype=int32,
-                              layout=layout, exact_ints=True, pure=True)
-            except Exception:
-                pass
+            if len(reqs) < lists_below:
+                answer = lists(reqs, page_size, reserve, layout)
+                if answer is not None:
+                    return _answered(spot, answer)
             else:
-                return _answered(spot, (result.cur, result.nxt, result.num_tokens))
+                try:
+                    result = plan(reqs, page_size, reserve, page_aligned=True, dtype=int32,
+                                  layout=layout, exact_ints=True, pure=True)
+                except Exception:
+                    pass
+                else:
+                    return _answered(spot, (result.cur, result.nxt, result.num_tokens))
         _declined(spot)
         return original(reqs, reserve=reserve, page_size=page_size)
 

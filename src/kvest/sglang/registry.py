@@ -177,6 +177,10 @@ class Kind(NamedTuple):
     # the input role holding the requests' list (``owner``: its ``.reqs``): the
     # rewritten function checks its size itself, before any call (rewrite.py)
     sized: str | None = None
+    # a whole function answering arrays where upstream answers lists: below
+    # this batch it answers upstream's lists (kvest's arrays cost its caller
+    # more there; glue.make_alloc_lens_int32); 0: never
+    lists_below: int = 0
 
     @property
     def whole(self) -> bool:
@@ -240,7 +244,7 @@ KINDS: Mapping[str, Kind] = _kinds(
     Kind("alloc_lens_function", "the whole function, for callers that make int32 tensors of "
          "its lists", "the plan as int32 arrays", None,
          (Accepted("c7fcaae0bb6b", "alloc_lens_function/nested", "nested"),),
-         upstream_below=_CROSS_ALLOC_LENS),
+         lists_below=_CROSS_ALLOC_LENS),
     Kind("get_num_new_pages", "the whole function", "`num_new_pages` on `Tensor.numpy()`",
          None, (Accepted("9bda6bd0efc8", "get_num_new_pages"),)),
     Kind("ceil_align", "the helper (checked, never replaced)", "", None,
