@@ -141,7 +141,10 @@ def count_objects(fn: str, shape: str, layout: str | None) -> float:
     extra = "(128,)" if fn == "spec_v2" else "()"
     code = OBJECT_PROGRAM.format(shape=shape, rows=OBJECT_ROWS, calls=CALLS, fn=fn,
                                  extra=extra, layout=layout)
-    total = _callgrind(code, f"*{fn}_new_tokens_from_reqs*", dict(os.environ))
+    # The Python entry point (Cython's ``__pyx_pw_`` wrapper) and all it calls:
+    # a pattern that also matched the implementation it calls (``__pyx_pf_``)
+    # would toggle collection off again there.
+    total = _callgrind(code, f"__pyx_pw_*{fn}_new_tokens_from_reqs", dict(os.environ))
     return total / (OBJECT_ROWS * CALLS)
 
 
