@@ -1106,7 +1106,7 @@ cdef class _DecodeCountGlue(_Glue):
     twin is kvest.sglang.glue.make_decode_count's ``decode_count``."""
 
     cdef object layout
-    cdef Job job  # the last page size's, made ready (_job_init) once
+    cdef Job job  # the last page size's, made ready (_job_init) once; copied per call
     cdef int64_t job_p
 
     def __init__(self, _Tally tally, declined, state, first_call, builtin, layout):
@@ -1124,10 +1124,11 @@ cdef class _DecodeCountGlue(_Glue):
             p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
             if overflow == 0 and p >= 1:
                 try:
-                    if p != self.job_p:
-                        _job_init(&self.job, DECODE, p, 0, self.layout, True, KV_PURE_STRICT)
-                        self.job_p = p
-                    job = self.job
+                    if p == self.job_p:
+                        job = self.job
+                    else:  # made whole before it is kept (the layout's rule is Python's)
+                        _job_init(&job, DECODE, p, 0, self.layout, True, KV_PURE_STRICT)
+                        self.job, self.job_p = job, p
                     self._walk(&job, requests)
                 except Exception:
                     pass  # upstream's statement raises its own exception
@@ -1209,11 +1210,11 @@ cdef class _SpecV2TotalGlue(_Glue):
             if overflow == 0 and p >= 1 and reserve >= 0:
                 try:
                     r = _count(self.factor * reserve, "reserve", 0)
-                    if p != self.job_p or r != self.job_r:
-                        self.job_p = 0
-                        _job_init(&self.job, SPEC_V2, p, r, self.layout, True, KV_PURE_STRICT)
-                        self.job_p, self.job_r = p, r
-                    job = self.job
+                    if p == self.job_p and r == self.job_r:
+                        job = self.job
+                    else:  # made whole before it is kept (the layout's rule is Python's)
+                        _job_init(&job, SPEC_V2, p, r, self.layout, True, KV_PURE_STRICT)
+                        self.job, self.job_p, self.job_r = job, p, r
                     self._walk(&job, requests)
                 except Exception:
                     pass  # upstream's loop raises its own exception
@@ -1327,11 +1328,11 @@ cdef class _AllocLensGlue(_Glue):
                 if overflow == 0 and r >= 0:
                     m = len(reqs)
                     try:
-                        if p != self.job_p or r != self.job_r:
-                            self.job_p = 0
-                            _job_init(&self.job, PLAN, p, r, self.layout, True, KV_PURE_STRICT)
-                            self.job_p, self.job_r = p, r
-                        job = self.job
+                        if p == self.job_p and r == self.job_r:
+                            job = self.job
+                        else:  # made whole before it is kept (the layout's rule is Python's)
+                            _job_init(&job, PLAN, p, r, self.layout, True, KV_PURE_STRICT)
+                            self.job, self.job_p, self.job_r = job, p, r
                         job.rows = m
                         if m < self.lists_below:
                             job.cur, job.nxt = &cur[0], &nxt[0]
