@@ -275,7 +275,7 @@ def test_quick_sglang_plan_is_reduced_and_the_full_one_is_not():
     assert len(quick.cells()) == 2 * len(s.HOT_SPOTS)
     assert full.sizes == tuple(s.SIZES) == (1, 16, 64, 256, 1024, 4096)
     assert full.pairs == s.PAIRS == 3 and full.bound
-    assert full.sides() == (*s.SIDES, s.FREE)
+    assert full.sides() == s.SIDES  # (the bound is timed in kvest's worker)
     assert full.timed("step, EAGLE", 4096) == (*s.SIDES, s.FREE)
     assert full.timed("step, EAGLE", 256) == s.SIDES == full.timed("retract k=8", 1024)
     assert quick.timed("step, EAGLE", 1024) == s.SIDES
@@ -351,7 +351,7 @@ def test_full_sglang_plan_is_unchanged(fake_workers, capsys):
 
     assert cli.main(["bench", "--sglang"]) == 0
     (pairs,) = fake_workers
-    assert pairs.count == 3 and pairs.sides == (*s.SIDES, s.FREE)
+    assert pairs.count == 3 and pairs.sides == s.SIDES
     assert [(cell, n) for cell, n, *_ in pairs.cells] == s.plan().cells()
     assert len(pairs.cells) == 6 * 12
     out = capsys.readouterr()
