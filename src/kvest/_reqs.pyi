@@ -116,10 +116,6 @@ class _SpecV2TotalGlue(_Glue):
     def run(self, total: object, requests: object, page_size: object, reserve: object,
             max_: object, ceil_align_: object) -> object: ...
 
-# Private, for the SGLang glue: the alloc lens of a small batch as upstream's lists.
-def _plan_lists(reqs: object, page_size: object, reserve: object,
-                layout: str | None) -> tuple[list[int], list[int], int] | None: ...
-
 # Private, for the SGLang glue: whether a function's global names still resolve
 # to the objects kvest proved its pattern with.
 def _globals_resolve(namespace: dict[str, object], names: tuple[str, ...],

@@ -1224,47 +1224,7 @@ cdef class _SpecV2TotalGlue(_Glue):
 
 
 cdef enum:
-    _LISTS_MAX = 64  # the most requests _plan_lists answers (its rows sit on the C stack)
-
-
-def _plan_lists(reqs, page_size, reserve, layout):
-    """``page_aligned_decode_alloc_lens``'s own answer for a small batch:
-    ``(cur, nxt, tokens)``, two lists of ints and their total, from the plan's
-    rows (``page_aligned=True``, pure mode, exact ints), for an exact list or
-    tuple of at most 64 requests and exact ints ``page_size >= 1``,
-    ``reserve >= 0``; ``None`` where the kernel declines (an impure request, an
-    overflow, anything else).  For the SGLang glue: below a few requests the
-    caller's int32 tensors are made faster from lists than from arrays."""
-    cdef Job job
-    cdef int64_t cur[_LISTS_MAX]
-    cdef int64_t nxt[_LISTS_MAX]
-    cdef int64_t p, r
-    cdef int overflow = 0
-    cdef Py_ssize_t m, i
-    if not ((type(reqs) is list or type(reqs) is tuple) and type(page_size) is int
-            and type(reserve) is int):
-        return None
-    m = len(reqs)
-    p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
-    if overflow or p < 1 or m > _LISTS_MAX:
-        return None
-    r = PyLong_AsLongLongAndOverflow(reserve, &overflow)
-    if overflow or r < 0:
-        return None
-    try:
-        _job_init(&job, PLAN, p, r, layout, True, KV_PURE_STRICT)
-        job.rows = m
-        job.cur = &cur[0]
-        job.nxt = &nxt[0]
-        if type(reqs) is list:
-            _walk_rows_dense_list(&job, reqs, m)
-        else:
-            _walk_all(&job, reqs)
-    except Exception:
-        return None
-    if job.row != m:
-        return None
-    return [cur[i] for i in range(m)], [nxt[i] for i in range(m)], job.tokens
+    _LISTS_MAX = 64  # the most requests answered as lists (their rows sit on the C stack)
 
 
 def _globals_resolve(dict namespace, tuple names, tuple expected, missing):
@@ -1309,48 +1269,56 @@ cdef class _AllocLensGlue(_Glue):
         self.layout, self.lists_below = layout, lists_below
         self.job_p = 0
 
+    cdef bint _ready(self, Job *job, object reqs, object reserve, object page_size) except -1:
+        """Whether the call is one the kernel takes (a list or tuple, exact ints
+        ``page_size >= 1`` and ``reserve >= 0``, the function's global names
+        as proven), with job made ready for it."""
+        cdef int64_t p, r
+        cdef int overflow = 0
+        if not ((type(reqs) is list or type(reqs) is tuple) and type(reserve) is int
+                and type(page_size) is int
+                and _globals_resolve(self.namespace, self.names, self.expected, self.missing)):
+            return False
+        p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
+        if overflow or p < 1:
+            return False
+        r = PyLong_AsLongLongAndOverflow(reserve, &overflow)
+        if overflow or r < 0:
+            return False
+        if p == self.job_p and r == self.job_r:
+            job[0] = self.job
+        else:  # made whole before it is kept (the layout's rule is Python's)
+            _job_init(job, PLAN, p, r, self.layout, True, KV_PURE_STRICT)
+            self.job, self.job_p, self.job_r = job[0], p, r
+        return True
+
     def run(self, reqs, reserve, page_size):
         cdef Job job
         cdef int64_t cur[_LISTS_MAX]
         cdef int64_t nxt[_LISTS_MAX]
-        cdef int64_t p, r
-        cdef int overflow = 0
         cdef Py_ssize_t m, i
         cdef cnp.npy_intp dims
         self._announce()
         self.tally.calls += 1
-        if ((type(reqs) is list or type(reqs) is tuple) and type(reserve) is int
-                and type(page_size) is int
-                and _globals_resolve(self.namespace, self.names, self.expected, self.missing)):
-            p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
-            if overflow == 0 and p >= 1:
-                r = PyLong_AsLongLongAndOverflow(reserve, &overflow)
-                if overflow == 0 and r >= 0:
-                    m = len(reqs)
-                    try:
-                        if p == self.job_p and r == self.job_r:
-                            job = self.job
-                        else:  # made whole before it is kept (the layout's rule is Python's)
-                            _job_init(&job, PLAN, p, r, self.layout, True, KV_PURE_STRICT)
-                            self.job, self.job_p, self.job_r = job, p, r
-                        job.rows = m
-                        if m < self.lists_below:
-                            job.cur, job.nxt = &cur[0], &nxt[0]
-                            self._walk(&job, reqs)
-                            if job.row == m:
-                                return _answered(self.tally, (
-                                    [cur[i] for i in range(m)], [nxt[i] for i in range(m)],
-                                    job.tokens))
-                        else:
-                            dims = m
-                            cur_out = cnp.PyArray_EMPTY(1, &dims, cnp.NPY_INT32, 0)
-                            nxt_out = cnp.PyArray_EMPTY(1, &dims, cnp.NPY_INT32, 0)
-                            job.cur = cnp.PyArray_DATA(<cnp.ndarray>cur_out)
-                            job.nxt = cnp.PyArray_DATA(<cnp.ndarray>nxt_out)
-                            job.cur32 = job.nxt32 = True
-                            self._walk(&job, reqs)
-                            if job.row == m:
-                                return _answered(self.tally, (cur_out, nxt_out, job.tokens))
-                    except Exception:
-                        pass  # upstream's function raises its own exception
+        try:
+            if self._ready(&job, reqs, reserve, page_size):
+                m = dims = len(reqs)
+                job.rows = m
+                if m < self.lists_below:
+                    job.cur, job.nxt = &cur[0], &nxt[0]
+                    self._walk(&job, reqs)
+                    if job.row == m:
+                        return _answered(self.tally, (
+                            [cur[i] for i in range(m)], [nxt[i] for i in range(m)], job.tokens))
+                else:
+                    cur_out = cnp.PyArray_EMPTY(1, &dims, cnp.NPY_INT32, 0)
+                    nxt_out = cnp.PyArray_EMPTY(1, &dims, cnp.NPY_INT32, 0)
+                    job.cur = cnp.PyArray_DATA(<cnp.ndarray>cur_out)
+                    job.nxt = cnp.PyArray_DATA(<cnp.ndarray>nxt_out)
+                    job.cur32 = job.nxt32 = True
+                    self._walk(&job, reqs)
+                    if job.row == m:
+                        return _answered(self.tally, (cur_out, nxt_out, job.tokens))
+        except Exception:
+            pass  # upstream's function raises its own exception
         return _declined(self.tally, self.declined)

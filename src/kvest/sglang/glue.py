@@ -70,7 +70,6 @@ def _answered(spot: monitor.Spot, answer: Any) -> Any:
 # plan is made (the pure-Python build; a test's stand-in; the benchmark's
 # replayed answers), the glue is the Python function here, which calls it.
 _COMPILED: dict[Any, Any] = {}
-_PLAN_LISTS: dict[Any, Any] = {}
 _GLOBALS_RESOLVE: Any = None
 if kvest.IMPLEMENTATION == "cython":
     from kvest import _reqs
@@ -79,7 +78,6 @@ if kvest.IMPLEMENTATION == "cython":
                  _reqs.spec_v2_new_tokens_from_reqs: _reqs._SpecV2TotalGlue,
                  _reqs.beam_groups_from_reqs: _reqs._BeamTailGlue,
                  _reqs.decode_alloc_plan_from_reqs: _reqs._AllocLensGlue}
-    _PLAN_LISTS = {_reqs.decode_alloc_plan_from_reqs: _reqs._plan_lists}
     _GLOBALS_RESOLVE = _reqs._globals_resolve
 
 
@@ -500,8 +498,8 @@ def _at_most(values: np.ndarray, bound: int) -> bool:
 
 
 def _lists_twin(plan: Callable[..., Any]) -> Callable[..., Any]:
-    """``kvest._reqs._plan_lists`` through ``plan`` (the pure-Python build, or
-    a kernel that is not the compiled one)."""
+    """The int32 callers' alloc lens below ``lists_below`` as upstream's lists,
+    through ``plan`` (``_reqs._AllocLensGlue.run``'s small batches, in Python)."""
 
     def plan_lists(reqs: Any, page_size: Any, reserve: Any, layout: Any) -> Any:
         try:
@@ -530,7 +528,7 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
     layout, resolves = pattern.layout, _resolver(original, pattern)
     below, tick = _below(pattern.kind), spot.tally.tick
     lists_below = KINDS[pattern.kind].lists_below
-    lists = _PLAN_LISTS.get(plan) or _lists_twin(plan)
+    lists = _lists_twin(plan)
     compiled = _COMPILED.get(plan)
     namespace, names, expected = _resolution(original, pattern)
     if compiled is not None and not below and type(namespace) is dict:
