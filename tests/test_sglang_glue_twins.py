@@ -1,7 +1,8 @@
-"""The compiled glue (``kvest._reqs._DecodeCountGlue``, ``_BeamTailGlue``) is
-its Python twin's equal: on every input the same answer or the same decline,
-and the same counters (``kernel``, ``fallbacks``) -- so the pure-Python build
-and the compiled one tell an operator the same story.
+"""The compiled glue (``kvest._reqs._DecodeCountGlue``, ``_SpecV2TotalGlue``,
+``_BeamTailGlue``, ``_AllocLensGlue``) is its Python twin's equal: on every
+input the same answer or the same decline, and the same counters (``kernel``,
+``fallbacks``) -- so the pure-Python build and the compiled one tell an
+operator the same story.
 
 The twins are made as the plan makes them (``kvest.sglang.glue.make_*``): the
 compiled one where kvest's kernel is the compiled kernel, the Python one where
