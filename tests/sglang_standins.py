@@ -29,3 +29,60 @@ def request_class(layout: dict[str, str]) -> Callable[..., Any]:
         return req
 
     return make
+
+
+# Batches holding ``reqs`` each way a class can: its own attribute, a slot, an
+# unset slot, a class-level default, a property, ``__getattr__``, its own
+# ``__getattribute__``, no instance dict at all. Only the first two are the
+# instance's own plain ``reqs`` (kv_plain_attr, glue.plain_reqs); the rest
+# must be read the generic way, or not at all.
+class Own:
+    def __init__(self, reqs: Any) -> None:
+        self.reqs = reqs
+
+
+class Slotted:
+    __slots__ = ("reqs",)
+
+    def __init__(self, reqs: Any) -> None:
+        self.reqs = reqs
+
+
+class Unset:
+    __slots__ = ("reqs",)
+
+    def __init__(self, reqs: Any) -> None:
+        pass
+
+
+class Default(Own):
+    reqs = None  # a class-level default, as a dataclass field with one has
+
+
+class Property:
+    def __init__(self, reqs: Any) -> None:
+        self._reqs = reqs
+
+    @property
+    def reqs(self) -> Any:
+        return self._reqs
+
+
+class Fallback(Own):
+    def __getattr__(self, name: str) -> Any:
+        return []
+
+
+class Custom(Own):
+    def __getattribute__(self, name: str) -> Any:
+        return object.__getattribute__(self, name)
+
+
+class NoDict:
+    __slots__ = ()
+
+    def __init__(self, reqs: Any) -> None:
+        pass
+
+
+OWNERS = (Own, Slotted, Unset, Default, Property, Fallback, Custom, NoDict)

@@ -14,6 +14,7 @@ import dataclasses
 import types
 
 import pytest
+from sglang_standins import OWNERS, Own
 
 import kvest
 from kvest.sglang import glue, monitor
@@ -138,40 +139,10 @@ def test_the_spec_v2_twins_agree(monkeypatch):
     assert python(0, reqs, 16, 4, max, ceil_align) is glue.DECLINED
 
 
-class Own:
-    def __init__(self, reqs):
-        self.reqs = reqs
-
-
-class Slotted:
-    __slots__ = ("reqs",)
-
-    def __init__(self, reqs):
-        self.reqs = reqs
-
-
-class Default(Own):
-    reqs = None
-
-
-class Property:
-    def __init__(self, reqs):
-        self._reqs = reqs
-
-    @property
-    def reqs(self):
-        return self._reqs
-
-
-class Fallback(Own):
-    def __getattr__(self, name):
-        return []
-
-
 def test_the_beam_tail_twins_agree(monkeypatch):
     plain, grouped = [Req(1), Req(2)], [Req(1), Req(2, group=object())]
     calls = []
-    for make in (Own, Slotted, Default, Property, Fallback):
+    for make in OWNERS:
         for reqs in (plain, grouped, [], tuple(plain), [Sneaky(1)], [object()], None):
             calls.append((make(reqs), enumerate))
     calls.append((Own(plain), lambda xs: iter(())))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sglang_releases import check_required, releases
-from sglang_standins import request_class
+from sglang_standins import OWNERS, Own, request_class
 
 import kvest.sglang
 from kvest.sglang import metrics, monitor, patterns, registry
@@ -215,47 +215,7 @@ def test_a_writer_hands_small_batches_back_before_writing(handoff_on):
 
 def _owners():
     """Batches of every way a class can hold ``reqs``, with 1 and 5 requests."""
-
-    class Own:
-        def __init__(self, reqs):
-            self.reqs = reqs
-
-    class Slotted:
-        __slots__ = ("reqs",)
-
-        def __init__(self, reqs):
-            self.reqs = reqs
-
-    class Unset:
-        __slots__ = ("reqs",)
-
-        def __init__(self, reqs):
-            pass
-
-    class Default(Own):
-        reqs = None  # a class-level default, as a dataclass field with one has
-
-    class Property:
-        reqs = property(lambda self: [1])
-
-        def __init__(self, reqs):
-            pass
-
-    class Fallback(Own):
-        def __getattr__(self, name):
-            return [1]
-
-    class Custom(Own):
-        def __getattribute__(self, name):
-            return object.__getattribute__(self, name)
-
-    class NoDict:
-        __slots__ = ()
-
-        def __init__(self, reqs):
-            pass
-
-    for cls in (Own, Slotted, Unset, Default, Property, Fallback, Custom, NoDict):
+    for cls in OWNERS:
         for n in (1, 5):
             yield cls([object()] * n)
     yield Own((object(),))  # a tuple is not the list the check wants
