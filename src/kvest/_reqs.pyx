@@ -1078,9 +1078,12 @@ cdef class _Glue:
     cdef object declined, state, first_call, builtin
     cdef bint announced  # the status line is out: no need to look again
     cdef kv_cache cache
+    cdef Job job  # the last (page size, reserve)'s, made ready (_job_init) once
+    cdef int64_t job_p, job_r  # job_p 0: none kept yet
 
     def __cinit__(self):
         _cache_init(&self.cache, KV_PURE_STRICT)
+        self.job_p = 0
 
     def __init__(self, _Tally tally, declined, state, first_call, builtin):
         self.tally = tally
@@ -1100,19 +1103,28 @@ cdef class _Glue:
         kv_cache_renew(&self.cache, KV_PURE_STRICT)
         return _walk_all_in(job, reqs, &self.cache)
 
+    cdef inline int _job(self, Job *job, Kind kind, int64_t p, int64_t r,
+                         object layout) except -1:
+        """job made ready for (p, r): the kept one copied where they match the
+        last call's, else made whole in job before it is kept (the layout's
+        rule is Python's, and another thread may use this glue meanwhile)."""
+        if p == self.job_p and r == self.job_r:
+            job[0] = self.job
+        else:
+            _job_init(job, kind, p, r, layout, True, KV_PURE_STRICT)
+            self.job, self.job_p, self.job_r = job[0], p, r
+        return 0
+
 
 cdef class _DecodeCountGlue(_Glue):
     """``n = sum(1 for r in requests if <C> % page_size == 0)``: the Python
     twin is kvest.sglang.glue.make_decode_count's ``decode_count``."""
 
     cdef object layout
-    cdef Job job  # the last page size's, made ready (_job_init) once; copied per call
-    cdef int64_t job_p
 
     def __init__(self, _Tally tally, declined, state, first_call, builtin, layout):
         _Glue.__init__(self, tally, declined, state, first_call, builtin)
         self.layout = layout
-        self.job_p = 0
 
     def run(self, requests, page_size, sum_):
         cdef Job job
@@ -1124,11 +1136,7 @@ cdef class _DecodeCountGlue(_Glue):
             p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
             if overflow == 0 and p >= 1:
                 try:
-                    if p == self.job_p:
-                        job = self.job
-                    else:  # made whole before it is kept (the layout's rule is Python's)
-                        _job_init(&job, DECODE, p, 0, self.layout, True, KV_PURE_STRICT)
-                        self.job, self.job_p = job, p
+                    self._job(&job, DECODE, p, 0, self.layout)
                     self._walk(&job, requests)
                 except Exception:
                     pass  # upstream's statement raises its own exception
@@ -1145,8 +1153,6 @@ cdef class _BeamTailGlue(_Glue):
     ``owner.reqs`` is read only where reading it runs no code (its instance
     dict's entry, or a slot), so that upstream's loop, if it runs, reads the
     same list."""
-
-    cdef Job job
 
     def __init__(self, _Tally tally, declined, state, first_call, builtin):
         _Glue.__init__(self, tally, declined, state, first_call, builtin)
@@ -1183,8 +1189,6 @@ cdef class _SpecV2TotalGlue(_Glue):
 
     cdef object layout, factor, ceil_align, ceil_div, align_code, div_code
     cdef dict home
-    cdef Job job  # the last (page size, reserve)'s, made ready (_job_init) once
-    cdef int64_t job_p, job_r
 
     def __init__(self, _Tally tally, declined, state, first_call, builtin, layout, factor,
                  ceil_align, ceil_div):
@@ -1193,7 +1197,6 @@ cdef class _SpecV2TotalGlue(_Glue):
         self.ceil_align, self.ceil_div = ceil_align, ceil_div
         self.home = ceil_align.__globals__
         self.align_code, self.div_code = ceil_align.__code__, ceil_div.__code__
-        self.job_p = 0
 
     def run(self, total, requests, page_size, reserve, max_, ceil_align_):
         cdef Job job
@@ -1210,11 +1213,7 @@ cdef class _SpecV2TotalGlue(_Glue):
             if overflow == 0 and p >= 1 and reserve >= 0:
                 try:
                     r = _count(self.factor * reserve, "reserve", 0)
-                    if p == self.job_p and r == self.job_r:
-                        job = self.job
-                    else:  # made whole before it is kept (the layout's rule is Python's)
-                        _job_init(&job, SPEC_V2, p, r, self.layout, True, KV_PURE_STRICT)
-                        self.job, self.job_p, self.job_r = job, p, r
+                    self._job(&job, SPEC_V2, p, r, self.layout)
                     self._walk(&job, requests)
                 except Exception:
                     pass  # upstream's loop raises its own exception
@@ -1256,8 +1255,6 @@ cdef class _AllocLensGlue(_Glue):
     cdef tuple names, expected
     cdef object layout, missing
     cdef Py_ssize_t lists_below
-    cdef Job job  # the last (page size, reserve)'s, made ready (_job_init) once
-    cdef int64_t job_p, job_r
 
     def __init__(self, _Tally tally, declined, state, first_call, dict namespace, tuple names,
                  tuple expected, missing, layout, Py_ssize_t lists_below):
@@ -1267,7 +1264,6 @@ cdef class _AllocLensGlue(_Glue):
         self.namespace, self.names, self.expected = namespace, names, expected
         self.missing = missing
         self.layout, self.lists_below = layout, lists_below
-        self.job_p = 0
 
     cdef bint _ready(self, Job *job, object reqs, object reserve, object page_size) except -1:
         """Whether the call is one the kernel takes (a list or tuple, exact ints
@@ -1285,11 +1281,7 @@ cdef class _AllocLensGlue(_Glue):
         r = PyLong_AsLongLongAndOverflow(reserve, &overflow)
         if overflow or r < 0:
             return False
-        if p == self.job_p and r == self.job_r:
-            job[0] = self.job
-        else:  # made whole before it is kept (the layout's rule is Python's)
-            _job_init(job, PLAN, p, r, self.layout, True, KV_PURE_STRICT)
-            self.job, self.job_p, self.job_r = job[0], p, r
+        self._job(job, PLAN, p, r, self.layout)
         return True
 
     def run(self, reqs, reserve, page_size):
