@@ -1241,3 +1241,168 @@ def test_pure_beam_readers(impl):
             impl.beam_member_rows_from_reqs([_Beamed(None), _Beamed(late)], pure=True)
     with pytest.raises(AttributeError, match=r"reqs\[0\] has no \.beam_group$"):
         impl.beam_groups_from_reqs([object()], pure=True)
+
+
+# ------------------------------------------------------------------- runs
+# A batch of one class is read a run at a time (reqattr.h, 64 rows a chunk):
+# the per-type work once, then only the loads and a type compare per link.
+# A request that reads any other way ends the run, is read the usual way, and
+# a new run starts after it.
+
+RUN_BASES = {
+    "nested-0.5.23": ("nested", _release(NestedReq)),
+    "mixed-0.5.17": ("mixed", _release(MixedReq)),
+    "flat-0.5.11": ("flat", _release(FlatReq)),
+    "slots": ("flat", _slotted),
+    "nested-slots": ("nested", _nested_slotted),
+}
+
+
+def _moved(req):
+    """req with the name read from its dict moved to the dict's end: another
+    position than the run learned (the dict read then searches)."""
+    for name in ("kv", "kv_committed_len"):
+        if name in getattr(req, "__dict__", {}):
+            value = vars(req).pop(name)
+            setattr(req, name, value)
+    return req
+
+
+_SUBCLASSES: dict[object, type] = {}
+
+
+def _retyped(req):
+    """req as an instance of a subclass that changes nothing (one per class: a
+    new class per batch would crowd out the dict positions kvest keeps)."""
+    cls = type(req)
+    if cls not in _SUBCLASSES:
+        _SUBCLASSES[cls] = type(f"{cls.__name__}Sub", (cls,), {"__slots__": ()} if hasattr(
+            cls, "__slots__") and not hasattr(req, "__dict__") else {})
+    req.__class__ = _SUBCLASSES[cls]
+    return req
+
+
+def _shadowed(req):
+    """req as an instance of a subclass whose property stands for the first
+    name a run reads, and answers one more: a run that kept to the routes of
+    the requests before would read the instance's own value instead."""
+    import types
+
+    cls = type(req)
+    if (cls, "property") not in _SUBCLASSES:
+        if hasattr(req, "kv_committed_len"):  # flat: the length itself
+            own = getattr(cls, "kv_committed_len", None)  # a slot's member, or none
+
+            def committed_plus_one(self):
+                raw = own.__get__(self, cls) if own is not None else vars(self)[
+                    "kv_committed_len"]
+                return raw + 1
+
+            ns = {"kv_committed_len": property(committed_plus_one)}
+        else:  # nested: req.kv, with committed one more
+
+            def kv_plus_one(self):
+                kv = vars(self)["kv"]
+                return types.SimpleNamespace(kv_committed_len=kv.kv_committed_len + 1,
+                                             kv_allocated_len=kv.kv_allocated_len)
+
+            ns = {"kv": property(kv_plus_one)}
+        if not hasattr(req, "__dict__"):
+            ns["__slots__"] = ()
+        _SUBCLASSES[cls, "property"] = type(f"{cls.__name__}Property", (cls,), ns)
+    req.__class__ = _SUBCLASSES[cls, "property"]
+    return req
+
+
+def _kv_retyped(req):
+    kv = getattr(req, "kv", None)
+    if isinstance(kv, ReqKvInfo):
+        sub = ReqKvInfoSub()
+        for name in ("kv_committed_len", "kv_allocated_len"):
+            setattr(sub, name, getattr(kv, name))
+        req.kv = sub
+    return req
+
+
+# What turns a request of the run into one that ends it (True), or that the
+# run reads as it is (False: a length of more than one digit is read in the
+# run, and only its chunk is added row by row).
+RUN_BREAKERS = {
+    "subclass": (_retyped, True),
+    "subclass with a property": (_shadowed, True),
+    "dict order": (_moved, True),
+    "req.kv subclass": (_kv_retyped, True),
+    "big": (lambda req: _set_lengths(req, 2**40, 2**40 + 3), False),
+    "past int64": (lambda req: _set_lengths(req, 2**63, 2**63), True),
+    "negative": (lambda req: _set_lengths(req, -1, 5), True),
+    "float": (lambda req: _set_lengths(req, 3.0, 5), True),
+    "np.int64": (lambda req: _set_lengths(req, np.int64(7), 9), True),
+}
+
+
+def _set_lengths(req, c, a):
+    for name, value in (("kv_committed_len", c), ("kv_allocated_len", a)):
+        own = name in getattr(req, "__dict__", {}) or any(
+            name in getattr(k, "__slots__", ()) for k in type(req).__mro__)
+        setattr(req if own else req.kv, name, value)
+    return req
+
+
+def _run_batch(base, n, spoil, at, seed=0):
+    rng = random.Random(seed)
+    layout, make = RUN_BASES[base]
+    reqs = [make(rng.randrange(0, 5000), rng.randrange(0, 5000)) for _ in range(n)]
+    for i in at:
+        spoil(reqs[i])
+    return layout, reqs
+
+
+@compiled_only
+@pytest.mark.parametrize("base", list(RUN_BASES))
+@pytest.mark.parametrize("breaker", [None, *RUN_BREAKERS])
+def test_runs_end_at_a_request_that_reads_otherwise(base, breaker):
+    """The oracle's answer, whatever the request and wherever it sits (the
+    first row, either side of a chunk's end, the last).  Where the answer is a
+    number, runs read every row of an unspoiled batch, and after a request
+    that ends one a run starts again (at the latest 32 rows on, the retry)."""
+    from kvest import _reqs
+
+    n = 130
+    _reqs._address_order(n + 1)  # walked in the given order: each row read once
+    spoil = RUN_BREAKERS[breaker][0] if breaker else (lambda req: req)
+    for at in ([0], [63, 64], [n - 1]):
+        layout, reqs = _run_batch(base, n, spoil, at)
+        for fn in ("decode", "spec_v2", "plan"):
+            check(fn, reqs, 16, 7, None, layout)  # learns where the names sit
+            before = _reqs._runs()
+            check(fn, reqs, 16, 7, None, layout)
+            taken = _reqs._runs() - before
+            if expect(fn, reqs, 16, 7, None, layout)[0] != "ok":
+                continue
+            if breaker is None or not RUN_BREAKERS[breaker][1]:
+                assert taken == n, (fn, at)
+            else:
+                assert n - len(at) - 32 * (len(at) + 1) <= taken <= n, (fn, at)
+        # Selected rows: a run goes on through them as they come.
+        check("spec_v2", reqs, 16, 7, [*range(n - 1, -1, -2), 5, 5, -1], layout)
+
+
+@st.composite
+def run_batches(draw):
+    """Up to three chunks of one release's requests, a few spoiled."""
+    base = draw(st.sampled_from(list(RUN_BASES)))
+    n = draw(st.integers(0, 150))
+    layout, reqs = _run_batch(base, n, lambda req: req, [], draw(st.integers(0, 99)))
+    at = draw(st.sets(st.integers(0, n - 1), max_size=3)) if n else ()
+    for i in at:
+        RUN_BREAKERS[draw(st.sampled_from(list(RUN_BREAKERS)))][0](reqs[i])
+    return layout, reqs
+
+
+@given(run_batches(), page_sizes, reserves, st.booleans(), st.data())
+def test_runs_agree_with_the_oracle(batch, p, r, aligned, data):
+    layout, reqs = batch
+    indices = data.draw(selections(reqs))
+    for fn in ("decode", "spec_v2", "plan"):
+        check(fn, reqs, p, r, None, layout, aligned)
+        check(fn, reqs, p, r, indices, layout, aligned)

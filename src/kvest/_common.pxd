@@ -38,6 +38,8 @@ cdef extern from "rows.h" nogil:
     int kv_add_total(int64_t *total, int64_t term)
     int kv_mod_row_fast(uint64_t c, const kv_divisor *d, uint64_t want)
     int kv_mod_row(int64_t c, int64_t p, int64_t want)
+    uint64_t kv_chunk_fast(const int64_t *c, const int64_t *a, int64_t k, uint64_t reserve,
+                           const kv_divisor *d, uint64_t *bits)
     int kv_plan_row(int64_t c, int64_t a, int64_t p, int64_t reserve, int aligned,
                     int64_t *nxt)
     uint64_t kv_plan_row_fast(uint64_t c, uint64_t a, uint64_t reserve, int aligned,

@@ -72,6 +72,7 @@ _PUBLIC_API_ONLY: bool
 # Private, for the tests: (walks in address order, walks that gave up, the least
 # batch that tries); `min_requests` sets that least batch.
 def _address_order(min_requests: int | None = None) -> tuple[int, int, int]: ...
+def _runs() -> int: ...
 
 # Private: whether instance-dict entries are read where CPython keeps them.
 _DICT_ENTRIES: bool

@@ -35,6 +35,7 @@ from kvest._common cimport (
     kv_ceil_div,
     kv_divisor,
     kv_divisor_init,
+    kv_chunk_fast,
     kv_mod_row,
     kv_mod_row_fast,
     kv_plan_row,
@@ -123,6 +124,13 @@ cdef extern from "reqattr.h":
     bint kv_req_quick(kv_cache *c, PyObject *req, int at_committed, int at_allocated,
                       bint both, int64_t *committed, int64_t *allocated)
     bint kv_group_quick(kv_cache *c, PyObject *req, int *grouped)
+    ctypedef struct kv_run:
+        int both
+    bint kv_run_begin(kv_cache *c, kv_run *run, PyObject *first, int at_committed,
+                      int at_allocated, bint both)
+    Py_ssize_t kv_run_read(kv_cache *c, const kv_run *run, PyObject **items,
+                           const int64_t *rows, Py_ssize_t size, Py_ssize_t start,
+                           Py_ssize_t end, int64_t *committed, int64_t *allocated)
 
 
 cdef extern from "typetag.h":
@@ -394,8 +402,7 @@ cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exce
 cdef int _row_general(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
     """:func:`_row` for every kind and request."""
     cdef kv_req_state st
-    cdef int64_t c = 0, a = 0, nxt
-    cdef uint64_t nxt_fast, pages
+    cdef int64_t c = 0, a = 0
     cdef PyObject *value = NULL
     cdef int status
     if job.kind == BEAM:
@@ -426,12 +433,18 @@ cdef int _row_general(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exc
     if job.kind == DECODE:
         _decode_add(job, c)
         return 0
-    cdef bint fast_row = job.fast and <uint64_t>(c | a) < KV_FAST_LIMIT
     if job.kind == SPEC_V2:
         if _spec_v2_add(job, c, a):
             return _overflow(job, pos, c, a)
         return 0
-    if fast_row:
+    return _plan_add(job, c, a, pos)
+
+
+cdef inline int _plan_add(Job *job, int64_t c, int64_t a, Py_ssize_t pos) except -1:
+    """The plan's row for reqs[pos]: cur and nxt written, the totals added."""
+    cdef int64_t nxt
+    cdef uint64_t nxt_fast, pages
+    if job.fast and <uint64_t>(c | a) < KV_FAST_LIMIT:
         pages = kv_plan_row_fast(c, a, job.r, job.aligned, &job.d, &nxt_fast)
         nxt = <int64_t>nxt_fast
     else:
@@ -463,6 +476,99 @@ cdef int _row_general(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exc
 # which then stays small.
 ctypedef int (*_row_fn)(Job *, kv_cache *, object, Py_ssize_t) except -1
 cdef _row_fn _general = _row_general
+
+
+cdef enum:
+    # A run's lengths are read a chunk at a time, then added up: the reads of
+    # one chunk wait on no arithmetic.
+    RUN_CHUNK = 64
+    # After a run that took no request, the walk reads this many the usual way
+    # before it tries another (a batch of another kind pays one try a stretch).
+    RUN_RETRY = 32
+
+
+cdef inline bint _chunk_add(Job *job, const int64_t *cs, const int64_t *al,
+                            Py_ssize_t k) noexcept:
+    """A chunk of an estimate's rows added at once (rows.h) where every row is
+    in the fast range and the total does not overflow: then True; else False
+    with nothing changed (the rows are then added one by one, which finds the
+    row that is out of range)."""
+    cdef uint64_t bits = 0, n
+    if not job.fast or job.kind == PLAN:
+        return False
+    n = kv_chunk_fast(cs, NULL if job.kind == DECODE else al, k, job.r, &job.d, &bits)
+    if bits >= KV_FAST_LIMIT:
+        return False
+    if job.kind == DECODE:
+        job.count += n
+        return True
+    return kv_add_total(&job.tokens, <int64_t>n * job.p) == 0
+
+
+# Rows read by runs so far (for the tests: kvest._reqs._runs).
+cdef Py_ssize_t _run_rows = 0
+
+
+def _runs():
+    """How many rows runs have read (reqattr.h) since the module was loaded."""
+    return _run_rows
+
+
+cdef Py_ssize_t _run(Job *job, kv_cache *cache, PyObject **items, const int64_t *rows,
+                     Py_ssize_t size, Py_ssize_t start, Py_ssize_t end) except -1:
+    """The rows from start to end (items[rows[j]] where rows is not NULL, else
+    items[j]) for as long as they form a run (reqattr.h: requests that read
+    like the first, by the quick reads), added as :func:`_row` adds them.
+    Returns the first row it did not take, for the caller's :func:`_row`;
+    QUICK_MISS when a row gave up (quick mode: the row overflowed)."""
+    global _run_rows
+    cdef kv_run run
+    cdef int64_t cs[RUN_CHUNK]
+    cdef int64_t al[RUN_CHUNK]
+    cdef Py_ssize_t i, k, stop, pos
+    if job.kind == PLAN:
+        end = min(end, start + (job.rows - job.row))  # the plan's own check past that
+    if start >= end or not (job.kind == SPEC_V2 or job.kind == DECODE or job.kind == PLAN):
+        return start
+    pos = rows[start] if rows != NULL else start
+    if (rows != NULL and not 0 <= pos < size) or not kv_run_begin(
+            cache, &run, items[pos], job.at_committed, job.at_allocated, job.kind != DECODE):
+        return start
+    while start < end:
+        stop = min(end, start + RUN_CHUNK)
+        k = kv_run_read(cache, &run, items, rows, size, start, stop, cs, al)
+        if _chunk_add(job, cs, al, k):
+            i = k  # added whole, by the array loops
+        else:
+            i = 0
+        for i in range(i, k):
+            pos = rows[start + i] if rows != NULL else start + i
+            if job.kind == DECODE:
+                _decode_add(job, cs[i])
+            elif job.kind == SPEC_V2:
+                if _spec_v2_add(job, cs[i], al[i]) and _overflow(job, pos, cs[i], al[i]):
+                    return QUICK_MISS
+            elif _plan_add(job, cs[i], al[i], pos):
+                return QUICK_MISS
+        start += k
+        _run_rows += k
+        if start < stop:
+            break
+    return start
+
+
+cdef inline Py_ssize_t _run_from(Job *job, kv_cache *cache, object reqs, const int64_t *rows,
+                                 Py_ssize_t end, Py_ssize_t *at) except -1:
+    """:func:`_run` from *at over a list or tuple (its size now: the run reads
+    no further), *at moved to where it stopped.  Returns the row from which the
+    walk tries a run again."""
+    cdef Py_ssize_t size = (PyList_GET_SIZE(reqs) if type(reqs) is list
+                            else PyTuple_GET_SIZE(reqs))
+    cdef Py_ssize_t start = at[0]
+    if rows == NULL:
+        end = min(end, size)
+    at[0] = _run(job, cache, PySequence_Fast_ITEMS(reqs), rows, size, start, end)
+    return at[0] + 1 if at[0] > start else start + RUN_RETRY
 
 
 # ------------------------------------------------------- in address order
@@ -539,7 +645,7 @@ cdef int _by_address(Job *job, PyObject **items, Py_ssize_t m) except -1:
     global _order_walks, _order_gave_up
     cdef Job trial
     cdef kv_cache cache
-    cdef Py_ssize_t j
+    cdef Py_ssize_t j, start, retry = 0
     cdef PyObject **order
     cdef bint done = True
     if not _may_reorder(job, m) or kv_mostly_near(items, m):
@@ -558,10 +664,21 @@ cdef int _by_address(Job *job, PyObject **items, Py_ssize_t m) except -1:
     # reads.  The quick reads run no Python code, so the hold lasts the walk.
     kv_cache_hold(&cache)
     try:
-        for j in range(m):
+        j = 0
+        while j < m:
+            if j >= retry:
+                start = j
+                j = _run(&trial, &cache, order, NULL, m, j, m)
+                if j == QUICK_MISS:
+                    done = False
+                    break
+                retry = j + 1 if j > start else j + RUN_RETRY
+                if j == m:
+                    break
             if _row(&trial, &cache, <object>order[j], j) == GAVE_UP:
                 done = False
                 break
+            j += 1
     finally:
         kv_cache_let(&cache)
         for j in range(m):
@@ -648,17 +765,27 @@ cdef int _walk_all_in(Job *job, object reqs, kv_cache *cache) except -1:
         if _by_address(job, PySequence_Fast_ITEMS(reqs), PyList_GET_SIZE(reqs)
                        if type(reqs) is list else PyTuple_GET_SIZE(reqs)):
             return 0
+    cdef Py_ssize_t retry = 0
     # Each request is held by a reference of our own while it is read: a
-    # property of one request may drop the container's reference to it.
+    # property of one request may drop the container's reference to it (runs
+    # hold none: they run no Python code).
     try:
         if type(reqs) is list:
             # The size is read every step, as a list iterator does.
             while pos < PyList_GET_SIZE(reqs):
+                if pos >= retry:
+                    retry = _run_from(job, cache, reqs, NULL, PyList_GET_SIZE(reqs), &pos)
+                    if pos >= PyList_GET_SIZE(reqs):
+                        break
                 req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
                 _row(job, cache, req, pos)
                 pos += 1
         elif type(reqs) is tuple:
             while pos < PyTuple_GET_SIZE(reqs):
+                if pos >= retry:
+                    retry = _run_from(job, cache, reqs, NULL, PyTuple_GET_SIZE(reqs), &pos)
+                    if pos >= PyTuple_GET_SIZE(reqs):
+                        break
                 req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
                 _row(job, cache, req, pos)
                 pos += 1
@@ -700,10 +827,17 @@ cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) ex
     cdef bint is_list = type(reqs) is list, is_tuple = type(reqs) is tuple
     if (is_list or is_tuple) and _rows_by_address(job, reqs, rows, m, is_list):
         return 0
+    cdef Py_ssize_t retry = 0
     _cache_init(&cache, job.pure)
     try:
-        for j in range(m):
+        j = 0
+        while j < m:
+            if (is_list or is_tuple) and j >= retry:
+                retry = _run_from(job, &cache, reqs, rows, m, &j)
+                if j >= m:
+                    break
             pos = rows[j]
+            j += 1
             if is_list and 0 <= pos < PyList_GET_SIZE(reqs):
                 req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
                 _row(job, &cache, req, pos)
@@ -948,9 +1082,14 @@ cdef inline bint _plan_buffer(cnp.ndarray arr, Py_ssize_t m) noexcept:
 cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
     cdef kv_cache cache
     cdef Py_ssize_t pos = 0
+    cdef Py_ssize_t retry = 0
     _cache_init(&cache, job.pure)
     try:
         while pos < PyList_GET_SIZE(reqs):
+            if pos >= retry and pos < m:
+                retry = _run_from(job, &cache, reqs, NULL, m, &pos)
+                if pos >= PyList_GET_SIZE(reqs):
+                    break
             if pos == m:
                 raise plan_grew_error(m)
             req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own

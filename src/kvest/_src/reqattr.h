@@ -463,4 +463,187 @@ KV_HOT int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
     return KV_LEN_VALUE;
 }
 
+/* ------------------------------------------------------------------ runs */
+
+/* A scheduler's batch is requests of one class, each keeping its lengths in
+ * the same place.  A run reads a stretch of them as kv_req_quick would, but
+ * with the per-type work done once, from its first request: the routes (the
+ * version tags checked then hold while no Python code runs, and none runs
+ * here), the dict hint, req.kv's type.  What is left per request is the
+ * chain of loads itself and a type compare at each link; the loop is short
+ * enough for the core to have the next requests' loads in flight meanwhile.
+ * A request that differs in any way ends the run, untouched: the caller
+ * reads it the usual way. */
+
+/* Where a run finds one value: a slot at an offset (of req, or of req.kv),
+ * or req's instance-dict entry at a hint. */
+typedef struct {
+    int nested; /* in req.kv, else in req itself */
+    int route;  /* KV_READ_MEMBER or KV_READ_DICT */
+    Py_ssize_t where; /* the slot's offset, or the hint */
+    PyObject *name;   /* borrowed: the cache's name */
+} kv_run_src;
+
+typedef struct {
+    PyTypeObject *req_type;
+    PyTypeObject *kv_type; /* NULL: no length is nested */
+    int req_dict;          /* a read needs req's instance dict */
+    int both;
+    int nested_slots;      /* SGLang 0.5.19+: req.kv in the dict, the lengths its slots */
+    kv_run_src kv, len[2];
+} kv_run;
+
+/* src made from reader r, where a run can read that way: a set slot (an unset
+ * one ends the run, as it ends the quick read), or req's dict at a known hint. */
+static int kv_run_src_from(kv_run_src *src, const kv_reader *r, PyObject *name, int nested)
+{
+    src->nested = nested;
+    src->name = name;
+    src->route = r->route.get;
+    if (r->route.get == KV_READ_MEMBER && !r->route.none_if_unset) {
+        src->where = r->route.offset;
+        return 1;
+    }
+    src->where = r->hint;
+    return r->route.get == KV_READ_DICT && r->hint >= 0 && !nested;
+}
+
+/* The run that starts at request `first`: 1 with *run set, or 0 when the
+ * quick read would not take it (the caller then reads it the usual way). */
+static int kv_run_begin(kv_cache *c, kv_run *run, PyObject *first, int at_committed,
+                        int at_allocated, int both)
+{
+#if KV_SHORTCUTS && KV_PRIVATE
+    PyTypeObject *rt = Py_TYPE(first);
+    int need_kv = at_committed == KV_AT_NESTED || (both && at_allocated == KV_AT_NESTED);
+    int at[2] = {at_committed, at_allocated};
+    kv_layout *l;
+    for (int k = 0; k < 1 + both; k++)
+        if (at[k] != KV_AT_FLAT && at[k] != KV_AT_NESTED) return 0;
+    run->req_type = rt;
+    run->kv_type = NULL;
+    run->both = both;
+    if (need_kv) {
+        PyObject **dictslot = NULL, *kv;
+        l = kv_layout_for(c, rt);
+        if (!kv_run_src_from(&run->kv, &l->read[KV_NESTED], c->names[KV_NESTED], 0)) return 0;
+        kv = kv_read_fast(c, l, KV_NESTED, first, &dictslot);
+        if (kv == NULL) return 0;
+        run->kv_type = Py_TYPE(kv);
+    }
+    /* Each layout looked up again: a lookup may take another's cache slot. */
+    for (int k = 0; k < 1 + both; k++) {
+        int which = k ? KV_ALLOCATED : KV_COMMITTED, nested = at[k] == KV_AT_NESTED;
+        l = kv_layout_for(c, nested ? run->kv_type : rt);
+        if (!kv_run_src_from(&run->len[k], &l->read[which], c->names[which], nested)) return 0;
+    }
+    /* Both types' tags were current when their layouts were looked up, and no
+     * Python code runs from there to the run's end: the routes hold for it. */
+    run->req_dict = (need_kv && run->kv.route == KV_READ_DICT)
+                    || (!run->len[0].nested && run->len[0].route == KV_READ_DICT)
+                    || (both && !run->len[1].nested && run->len[1].route == KV_READ_DICT);
+    run->nested_slots = need_kv && run->kv.route == KV_READ_DICT;
+    for (int k = 0; k < 1 + both; k++)
+        run->nested_slots &= run->len[k].nested && run->len[k].route == KV_READ_MEMBER;
+    return 1;
+#else
+    (void)c;
+    (void)run;
+    (void)first;
+    (void)at_committed;
+    (void)at_allocated;
+    (void)both;
+    return 0;
+#endif
+}
+
+#if KV_SHORTCUTS && KV_PRIVATE
+/* The value src points at in owner (or in dict), borrowed, or NULL. */
+KV_HOT PyObject *kv_run_get(const kv_run_src *src, PyObject *owner, PyObject *dict)
+{
+    if (src->route == KV_READ_MEMBER) return *(PyObject **)((char *)owner + src->where);
+    return kv_dict_at(dict, src->where, src->name);
+}
+#endif
+
+#if KV_SHORTCUTS && KV_PRIVATE
+/* kv_run_read's loop for a run's usual shape, the reads it stands for the
+ * same: no rows, req.kv at a dict hint, the lengths slots of req.kv. */
+static Py_ssize_t kv_run_read_nested(const kv_run *run, PyObject *const *items,
+                                     Py_ssize_t start, Py_ssize_t end, int64_t *committed,
+                                     int64_t *allocated)
+{
+    PyTypeObject *rt = run->req_type, *kt = run->kv_type;
+    PyObject *name = run->kv.name;
+    Py_ssize_t hint = run->kv.where, at_c = run->len[0].where, at_a = run->len[1].where, i;
+    for (i = start; i < end; i++) {
+        PyObject *req = items[i], **dictptr, *kv, *v;
+        if (Py_TYPE(req) != rt) break;
+        dictptr = _PyObject_GetDictPtr(req);
+        if (dictptr == NULL || *dictptr == NULL) break;
+        kv = kv_dict_at(*dictptr, hint, name);
+        if (kv == NULL || Py_TYPE(kv) != kt) break;
+        v = *(PyObject **)((char *)kv + at_c);
+        if (v == NULL || !kv_exact_length(v, &committed[i - start])) break;
+        if (run->both) {
+            v = *(PyObject **)((char *)kv + at_a);
+            if (v == NULL || !kv_exact_length(v, &allocated[i - start])) break;
+        }
+    }
+    return i - start;
+}
+#endif
+
+/* The lengths of rows [start, end) -- items[rows[i]] where rows is not NULL
+ * (a row outside [0, size) ends the run), else items[i] -- into committed[]
+ * and allocated[] from index 0, for as long as each request reads the way the
+ * run's first did.  Returns how many it read.  Runs no Python code and takes
+ * no reference; collections are held off from here (the caller lets them run
+ * again before code of its own, as after the quick reads). */
+static Py_ssize_t kv_run_read(kv_cache *c, const kv_run *run, PyObject *const *items,
+                              const int64_t *rows, Py_ssize_t size, Py_ssize_t start,
+                              Py_ssize_t end, int64_t *committed, int64_t *allocated)
+{
+    Py_ssize_t i = start;
+#if KV_SHORTCUTS && KV_PRIVATE
+    kv_gc_hold(&c->gc);
+    if (rows == NULL && run->nested_slots)
+        return kv_run_read_nested(run, items, start, end, committed, allocated);
+    for (; i < end; i++) {
+        PyObject *req, *dict = NULL, *kv = NULL, *v;
+        if (rows != NULL) {
+            if ((uint64_t)rows[i] >= (uint64_t)size) break;
+            req = items[rows[i]];
+        } else {
+            req = items[i];
+        }
+        if (Py_TYPE(req) != run->req_type) break;
+        if (run->req_dict) {
+            PyObject **dictptr = _PyObject_GetDictPtr(req);
+            if (dictptr == NULL || (dict = *dictptr) == NULL) break;
+        }
+        if (run->kv_type != NULL) {
+            kv = kv_run_get(&run->kv, req, dict);
+            if (kv == NULL || Py_TYPE(kv) != run->kv_type) break;
+        }
+        v = kv_run_get(&run->len[0], run->len[0].nested ? kv : req, dict);
+        if (v == NULL || !kv_exact_length(v, &committed[i - start])) break;
+        if (run->both) {
+            v = kv_run_get(&run->len[1], run->len[1].nested ? kv : req, dict);
+            if (v == NULL || !kv_exact_length(v, &allocated[i - start])) break;
+        }
+    }
+#else
+    (void)c;
+    (void)run;
+    (void)items;
+    (void)rows;
+    (void)size;
+    (void)end;
+    (void)committed;
+    (void)allocated;
+#endif
+    return i - start;
+}
+
 #endif

@@ -341,7 +341,7 @@ typedef struct {
     PyObject *key, *value;
 } kv_dict_str_entry; /* kind 1: str keys only */
 
-static inline PyObject *kv_dict_entry_at(PyObject *dict, Py_ssize_t pos, PyObject *name,
+KV_HOT PyObject *kv_dict_entry_at(PyObject *dict, Py_ssize_t pos, PyObject *name,
                                          int *known)
 {
     PyDictObject *d = (PyDictObject *)dict;

@@ -14,6 +14,7 @@
 #ifndef KVEST_ROWS_H
 #define KVEST_ROWS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "loops.h"
@@ -60,6 +61,29 @@ static inline int kv_mod_row_fast(uint64_t c, const kv_divisor *d, uint64_t want
 static inline int kv_mod_row(int64_t c, int64_t p, int64_t want)
 {
     return c % p == want;
+}
+
+/* The fast rows over a chunk of lengths read from requests (kvest._reqs'
+ * runs): the spec v2 pages of rows c[i], a[i], or (a NULL) how many c[i] sit
+ * on a page boundary; *bits gets the OR of every length, and the answer is
+ * exact when it stays below KV_FAST_LIMIT. */
+static inline uint64_t kv_chunk_fast(const int64_t *c, const int64_t *a, int64_t k,
+                                     uint64_t reserve, const kv_divisor *d, uint64_t *bits)
+{
+    uint64_t sum = 0, seen = 0;
+    if (a == NULL) {
+        for (int64_t i = 0; i < k; i++) {
+            seen |= (uint64_t)c[i];
+            sum += kv_mod_row_fast((uint64_t)c[i], d, 0);
+        }
+    } else {
+        for (int64_t i = 0; i < k; i++) {
+            seen |= (uint64_t)c[i] | (uint64_t)a[i];
+            sum += kv_spec_v2_row_fast((uint64_t)c[i], (uint64_t)a[i], reserve, d);
+        }
+    }
+    *bits = seen;
+    return sum;
 }
 
 /* Allocation plan, checked: *nxt = max(A, ceil_align(C + R, p)) (aligned) or
