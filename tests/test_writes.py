@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -521,6 +522,20 @@ def test_max_keeps_python_identity(impl, start, values):
         assert reqs[i].x is expected
     for i in range(n, len(reqs)):
         assert reqs[i].x is before[i]
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@given(start=st.lists(st.sampled_from(EDGE_INTS) | st.integers(-(2**31), 2**31), max_size=6),
+       offsets=st.lists(st.integers(-2, 2), max_size=6))
+def test_max_keeps_python_identity_in_slots(impl, start, offsets):
+    """The same through a slot (the writers' quick path), each value within two
+    of the current one: on a tie max() keeps the current object."""
+    reqs = [_Holder(_KV(_fresh(x)), 0) for x in start]
+    before = [r.kv.x for r in reqs]
+    values = [_fresh(x + d) for x, d in zip(start, offsets, strict=False)]
+    impl.max_into_attr(reqs, "kv.x", values, strict=False)
+    for r, old, v in itertools.zip_longest(reqs, before, values):
+        assert r.kv.x is (v if v is not None and v > old else old)
 
 
 # ------------------------------------------------------------- pure mode

@@ -344,12 +344,17 @@ static inline int kw_add_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject
  * int, delta a C integer, the sum in int64.  Returns 1 when the store is done
  * (a new int in the slot, the old one released: an exact int, whose release
  * runs nothing), 0 with nothing changed (kw_add_path then runs). */
-static inline int kw_add_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
-                                    const kw_delta *dl, PyObject **owner)
-{
 #if KV_SHORTCUTS && KV_PRIVATE
-    PyObject *obj = *owner != NULL ? *owner : req, **slot, *old, *sum;
-    if (!dl->fast) return 0;
+/* The quick paths' slot for the path's last name: req's path to its owner
+ * read by shortcuts alone (a slot, or an instance-dict entry at its hint) on
+ * each type's current route, the last name a slot read and written in place
+ * (set, holding an exact int).  NULL when anything is otherwise.  Runs no
+ * Python code and takes no reference.  *owner, when not NULL, is the owner
+ * already read (the walk is skipped), and is set to it. */
+static inline PyObject **kw_quick_slot(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+                                       PyObject **owner)
+{
+    PyObject *obj = *owner != NULL ? *owner : req, **slot;
     for (Py_ssize_t i = 0; *owner == NULL && i + 1 < n; i++) {
         kw_step *s = &steps[i];
         PyObject *next = NULL;
@@ -360,15 +365,28 @@ static inline int kw_add_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, Py
             PyObject **dictptr = kv_dictptr(&cx->gc, obj);
             if (dictptr != NULL && *dictptr != NULL) next = kw_at_hint(s, *dictptr);
         }
-        if (next == NULL) return 0;
+        if (next == NULL) return NULL;
         obj = next;
     }
     kw_step *s = &steps[n - 1];
     kw_route(cx, s, Py_TYPE(obj));
-    if (s->route.get != KV_ROUTE_MEMBER || s->route.set != KV_ROUTE_MEMBER) return 0;
+    if (s->route.get != KV_ROUTE_MEMBER || s->route.set != KV_ROUTE_MEMBER) return NULL;
     slot = (PyObject **)((char *)obj + s->route.offset);
+    if (*slot == NULL || !PyLong_CheckExact(*slot)) return NULL;
+    *owner = obj;
+    return slot;
+}
+#endif
+
+static inline int kw_add_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+                                    const kw_delta *dl, PyObject **owner)
+{
+#if KV_SHORTCUTS && KV_PRIVATE
+    PyObject *obj = *owner, **slot, *old, *sum;
+    if (!dl->fast) return 0;
+    slot = kw_quick_slot(cx, steps, n, req, &obj);
+    if (slot == NULL) return 0;
     old = *slot;
-    if (old == NULL || !PyLong_CheckExact(old)) return 0;
     int overflow = 0;
     long long x, d = dl->d;
     if (!kv_small_int(old, &x)) x = PyLong_AsLongLongAndOverflow(old, &overflow);
@@ -408,6 +426,37 @@ static inline PyObject *kw_max(kw_ctx *cx, PyObject *cur, PyObject *v, int *pure
     int gt = PyObject_RichCompareBool(v, cur, Py_GT);
     if (gt < 0) return NULL;
     return Py_NewRef(gt ? v : cur);
+}
+
+/* kw_max_path's common case, taking no reference and running no Python code:
+ * the slot as kw_add_path_quick finds it, its int and v one-digit exact ints
+ * (compared without a call).  Returns 1 when the statement is done (v stored
+ * where it is the greater, the old int released: its release runs nothing;
+ * else max() gave the slot's own int, and storing it back changes nothing),
+ * 0 with nothing changed (kw_max_path then runs). */
+static inline int kw_max_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+                                    PyObject *v)
+{
+#if KV_SHORTCUTS && KV_PRIVATE
+    PyObject *owner = NULL, **slot, *cur;
+    long long a, b;
+    if (!PyLong_CheckExact(v) || !kv_small_int(v, &b)) return 0;
+    slot = kw_quick_slot(cx, steps, n, req, &owner);
+    if (slot == NULL || !kv_small_int(*slot, &a)) return 0;
+    if (b > a) {
+        cur = *slot;
+        *slot = Py_NewRef(v);
+        Py_DECREF(cur);
+    }
+    return 1;
+#else
+    (void)cx;
+    (void)steps;
+    (void)n;
+    (void)req;
+    (void)v;
+    return 0;
+#endif
 }
 
 /* `req.<path> = max(req.<path>, v)`: the right side first, then req's path
@@ -637,7 +686,7 @@ static int kw_max_all(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *ste
             rc = (got < 0 || strict) ? -1 : 0;
             break;
         }
-        rc = kw_max_path(cx, steps, n, req, v);
+        if (!kw_max_path_quick(cx, steps, n, req, v)) rc = kw_max_path(cx, steps, n, req, v);
         Py_DECREF(req);
         Py_DECREF(v);
         if (rc < 0) break;
