@@ -49,18 +49,21 @@ compiled_only = pytest.mark.skipif(not COMPILED, reason="the compiled kernels' w
 @pytest.fixture(autouse=True)
 def address_order_from_two():
     """Batches of two and more that are out of address order take the compiled
-    kernels' reordered walk here (by default only batches of hundreds do)."""
+    kernels' reordered walk here, and the others the backward walk (by default
+    only batches of thousands do)."""
     if not COMPILED:
         yield
         return
     from kvest import _reqs
 
-    least = _reqs._address_order()[2]
+    least, least_backward = _reqs._address_order()[2], _reqs._backward_walks()[1]
     _reqs._address_order(2)
+    _reqs._backward_walks(2)
     try:
         yield
     finally:
         _reqs._address_order(least)
+        _reqs._backward_walks(least_backward)
 
 
 # ------------------------------------------------------------------ the oracle
@@ -1368,7 +1371,8 @@ def test_runs_end_at_a_request_that_reads_otherwise(base, breaker):
     from kvest import _reqs
 
     n = 130
-    _reqs._address_order(n + 1)  # walked in the given order: each row read once
+    _reqs._address_order(n + 1)  # walked first to last: each row read once
+    _reqs._backward_walks(n + 1)
     spoil = RUN_BREAKERS[breaker][0] if breaker else (lambda req: req)
     for at in ([0], [63, 64], [n - 1]):
         layout, reqs = _run_batch(base, n, spoil, at)
@@ -1406,3 +1410,59 @@ def test_runs_agree_with_the_oracle(batch, p, r, aligned, data):
     for fn in ("decode", "spec_v2", "plan"):
         check(fn, reqs, p, r, None, layout, aligned)
         check(fn, reqs, p, r, indices, layout, aligned)
+
+
+# ----------------------------------------------------------- backward walks
+# A whole batch of thousands is read from its last request to its first where
+# the answer cannot tell (addrorder.h): the estimates' sums and the plan's
+# rows, each request read by the quick reads.  Anything else gives up, and the
+# walk from the first request answers.
+
+def _backward_count():
+    from kvest import _reqs
+
+    _reqs._address_order(10**6)  # however the batch lies in memory
+    return _reqs._backward_walks()[0]
+
+
+@compiled_only
+@pytest.mark.parametrize("base", list(RUN_BASES))
+def test_backward_walks_give_the_oracles_rows(base):
+    layout, reqs = _run_batch(base, 300, lambda req: req, [])
+    for fn in ("decode", "spec_v2", "plan"):
+        check(fn, reqs, 16, 7, None, layout)  # learns where the names sit
+        before = _backward_count()
+        check(fn, reqs, 16, 7, None, layout)
+        check(fn, reqs, 16, 7, None, layout, False)
+        assert _backward_count() - before == 2, fn
+    # A tuple too; selected rows are walked as selected.
+    check("plan", tuple(reqs), 16, 7, None, layout)
+    before = _backward_count()
+    check("plan", reqs, 16, 7, list(range(300)), layout)
+    assert _backward_count() == before
+
+
+@compiled_only
+@pytest.mark.parametrize("spoiler", ["negative", "property", "huge", "missing"])
+def test_a_backward_walk_gives_up_for_the_first_bad_request(spoiler):
+    """Two requests the quick reads cannot take: the walk from the first
+    request answers, naming the first of them as the twin does."""
+    layout, reqs = _run_batch("nested-0.5.23", 300, lambda req: req, [])
+    for fn in ("decode", "spec_v2", "plan"):
+        check(fn, reqs, 16, 7, None, layout)  # learns where the names sit
+    for i in (40, 250):
+        if spoiler == "negative":
+            reqs[i].kv.kv_committed_len = -1
+        elif spoiler == "property":
+            _shadowed(reqs[i])
+        elif spoiler == "huge":
+            reqs[i].kv.kv_committed_len = INT64_MAX
+        else:
+            del reqs[i].kv.kv_allocated_len
+    before = _backward_count()
+    for fn in ("decode", "spec_v2", "plan"):
+        check(fn, reqs, 16, 7, None, layout)
+    if spoiler in ("huge", "missing"):  # the decode count reads neither
+        assert _backward_count() - before == 1
+    else:
+        assert _backward_count() == before

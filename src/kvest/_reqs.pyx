@@ -154,6 +154,7 @@ cdef extern from "addrorder.h":
     enum:
         KV_ADDRESS_ORDER
         KV_ORDER_MIN
+        KV_BACKWARD_MIN
     bint kv_mostly_near(PyObject **items, Py_ssize_t m)
     int kv_address_order(PyObject **items, Py_ssize_t m, PyObject **out)
 
@@ -248,6 +249,7 @@ cdef struct Job:
     uint64_t count  # DECODE; BEAM_GROUPS: the requests with a beam group
     Py_ssize_t row  # PLAN: the output row being written
     Py_ssize_t rows  # PLAN: the rows cur and nxt hold; never written past
+    bint backward  # PLAN: the rows are read last to first (row counts from the end)
     void *cur
     void *nxt
     bint cur32, nxt32
@@ -444,6 +446,7 @@ cdef inline int _plan_add(Job *job, int64_t c, int64_t a, Py_ssize_t pos) except
     """The plan's row for reqs[pos]: cur and nxt written, the totals added."""
     cdef int64_t nxt
     cdef uint64_t nxt_fast, pages
+    cdef Py_ssize_t at = job.rows - 1 - job.row if job.backward else job.row
     if job.fast and <uint64_t>(c | a) < KV_FAST_LIMIT:
         pages = kv_plan_row_fast(c, a, job.r, job.aligned, &job.d, &nxt_fast)
         nxt = <int64_t>nxt_fast
@@ -456,15 +459,15 @@ cdef inline int _plan_add(Job *job, int64_t c, int64_t a, Py_ssize_t pos) except
     if job.cur32:
         if a > INT32_MAX:
             return _overflow(job, pos, c, a)
-        (<int32_t *>job.cur)[job.row] = <int32_t>a
+        (<int32_t *>job.cur)[at] = <int32_t>a
     else:
-        (<int64_t *>job.cur)[job.row] = a
+        (<int64_t *>job.cur)[at] = a
     if job.nxt32:
         if nxt > INT32_MAX:
             return _overflow(job, pos, c, a)
-        (<int32_t *>job.nxt)[job.row] = <int32_t>nxt
+        (<int32_t *>job.nxt)[at] = <int32_t>nxt
     else:
-        (<int64_t *>job.nxt)[job.row] = nxt
+        (<int64_t *>job.nxt)[at] = nxt
     if kv_add_total(&job.tokens, nxt - a):
         return _overflow(job, pos, c, a)
     job.pages += pages  # pages <= tokens: cannot overflow
@@ -579,6 +582,8 @@ cdef inline Py_ssize_t _run_from(Job *job, kv_cache *cache, object reqs, const i
 # The walk's tuning constants are addrorder.h's (KV_ORDER_*), this one's default too.
 cdef Py_ssize_t _order_min = KV_ORDER_MIN
 cdef Py_ssize_t _order_walks = 0, _order_gave_up = 0
+# From how many requests a whole batch is walked backward, and how many walks did.
+cdef Py_ssize_t _backward_min = KV_BACKWARD_MIN, _backward_done = 0
 
 
 cdef str _REQS = "reqs"
@@ -627,6 +632,16 @@ def _address_order(min_requests=None):
     return _order_walks, _order_gave_up, _order_min
 
 
+def _backward_walks(min_requests=None):
+    """``(walks from the last request to the first, the least batch that
+    tries)``; ``min_requests`` sets that least batch (tests use it to reach
+    the walk with small batches)."""
+    global _backward_min
+    if min_requests is not None:
+        _backward_min = max(<Py_ssize_t>min_requests, 2)
+    return _backward_done, _backward_min
+
+
 cdef inline bint _may_reorder(Job *job, Py_ssize_t m) noexcept:
     """Whether a walk of m rows of this job may go in address order at all."""
     return KV_ADDRESS_ORDER and m >= _order_min and job.kind != PLAN
@@ -643,11 +658,9 @@ cdef int _by_address(Job *job, PyObject **items, Py_ssize_t m) except -1:
     cannot take; an overflow): job is as it was, nothing else has changed, and
     the caller walks in order -- and raises, or calls Python, as it does."""
     global _order_walks, _order_gave_up
-    cdef Job trial
-    cdef kv_cache cache
-    cdef Py_ssize_t j, start, retry = 0
+    cdef Py_ssize_t j
     cdef PyObject **order
-    cdef bint done = True
+    cdef bint done
     if not _may_reorder(job, m) or kv_mostly_near(items, m):
         return 0
     order = <PyObject **>PyMem_Malloc(m * sizeof(PyObject *))
@@ -656,6 +669,61 @@ cdef int _by_address(Job *job, PyObject **items, Py_ssize_t m) except -1:
         return 0
     for j in range(m):
         Py_XINCREF(order[j])
+    try:
+        done = _quick_walk(job, order, m)
+    finally:
+        for j in range(m):
+            Py_XDECREF(order[j])
+        PyMem_Free(order)
+    if done:
+        _order_walks += 1
+    else:
+        _order_gave_up += 1
+    return done
+
+
+cdef int _backward(Job *job, object reqs) except -1:
+    """The walk over a whole list or tuple from its last request to its first
+    (addrorder.h says why): an estimate's count or sum, or the plan's rows,
+    each written where it belongs; each request read in quick pure mode, as
+    :func:`_by_address` reads.  1 when it did: job then holds the answer.  0
+    otherwise (too small a batch, anything the quick reads cannot take, an
+    overflow): job is as it was, nothing else has changed, and the caller
+    walks forward -- and raises, or calls Python, as it does."""
+    global _backward_done
+    cdef Py_ssize_t j, m = (PyList_GET_SIZE(reqs) if type(reqs) is list
+                            else PyTuple_GET_SIZE(reqs))
+    cdef PyObject **items = PySequence_Fast_ITEMS(reqs)
+    cdef PyObject **order
+    cdef bint done
+    if not (KV_ADDRESS_ORDER and m >= _backward_min
+            and (job.kind == SPEC_V2 or job.kind == DECODE
+                 or (job.kind == PLAN and job.rows - job.row == m))):
+        return 0
+    # Borrowed: reqs holds them, and nothing runs that could change it (the
+    # quick reads run no code, and collections are held off).
+    order = <PyObject **>PyMem_Malloc(m * sizeof(PyObject *))
+    if order == NULL:
+        return 0
+    for j in range(m):
+        order[j] = items[m - 1 - j]
+    job.backward = True
+    try:
+        done = _quick_walk(job, order, m)
+    finally:
+        job.backward = False
+        PyMem_Free(order)
+    _backward_done += done
+    return done
+
+
+cdef bint _quick_walk(Job *job, PyObject **order, Py_ssize_t m) except -1:
+    """order[0..m) (held for the walk) read in quick pure mode into a copy of
+    job, which job becomes if every request was read; job as it was if not."""
+    cdef Job trial
+    cdef kv_cache cache
+    cdef Py_ssize_t j = 0, start, retry = 0
+    cdef bint done = True
     trial = job[0]
     trial.pure = KV_PURE_QUICK
     _cache_init(&cache, KV_PURE_QUICK)
@@ -664,7 +732,6 @@ cdef int _by_address(Job *job, PyObject **items, Py_ssize_t m) except -1:
     # reads.  The quick reads run no Python code, so the hold lasts the walk.
     kv_cache_hold(&cache)
     try:
-        j = 0
         while j < m:
             if j >= retry:
                 start = j
@@ -681,15 +748,9 @@ cdef int _by_address(Job *job, PyObject **items, Py_ssize_t m) except -1:
             j += 1
     finally:
         kv_cache_let(&cache)
-        for j in range(m):
-            Py_XDECREF(order[j])
-        PyMem_Free(order)
     if done:
         trial.pure = job.pure
         job[0] = trial
-        _order_walks += 1
-    else:
-        _order_gave_up += 1
     return done
 
 
@@ -764,6 +825,8 @@ cdef int _walk_all_in(Job *job, object reqs, kv_cache *cache) except -1:
     if type(reqs) is list or type(reqs) is tuple:
         if _by_address(job, PySequence_Fast_ITEMS(reqs), PyList_GET_SIZE(reqs)
                        if type(reqs) is list else PyTuple_GET_SIZE(reqs)):
+            return 0
+        if _backward(job, reqs):
             return 0
     cdef Py_ssize_t retry = 0
     # Each request is held by a reference of our own while it is read: a
@@ -940,6 +1003,7 @@ cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout,
     job.tokens = job.pages = 0
     job.count = 0
     job.row = job.rows = 0
+    job.backward = False
     job.cur = job.nxt = NULL
     job.cur32 = job.nxt32 = False
     job.beam_total = NULL
@@ -1083,6 +1147,8 @@ cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
     cdef kv_cache cache
     cdef Py_ssize_t pos = 0
     cdef Py_ssize_t retry = 0
+    if PyList_GET_SIZE(reqs) == m and _backward(job, reqs):
+        return 0
     _cache_init(&cache, job.pure)
     try:
         while pos < PyList_GET_SIZE(reqs):

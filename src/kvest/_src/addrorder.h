@@ -29,6 +29,17 @@
  * tools/cachegrind_hotspots.py; at 4,096 address order takes 0.6x the time). */
 #define KV_ORDER_MIN 2048
 
+/* From how many requests an estimate or the allocation plan walks a whole
+ * batch from its last request to its first, where the answer cannot tell the
+ * order.  SGLang reads a batch several times a step, first to last each time
+ * (the last step's results, the allocation, its own loops); a batch of
+ * thousands does not stay in cache (nor its pages in the TLB) from one pass
+ * to the next, and what is left of it is the part read last.  A backward walk
+ * starts there, and ends on the requests the next pass starts with
+ * (bench/test_sglang_step.py times the steps).  Below this a batch stays in
+ * cache anyway. */
+#define KV_BACKWARD_MIN 2048
+
 /* Whether items[0..m) mostly follow one another closely in memory: at most
  * one step in 8 jumps 2^KV_ORDER_NEAR bytes or more, either way.  Such a
  * batch (requests made one after another, even with the holes an allocator
