@@ -108,10 +108,11 @@ SPOTS: dict[str, tuple[str, str, str, str]] = {
 # src/kvest/_reqs.pyx, src/kvest/_src/addrorder.h and reqwrite.h, and from upstream's
 # code (n >= 2,048, the batch's list in creation order; "pointers" reads only a list's
 # array, "objects" reads or writes every request; below 2,048 requests kvest neither
-# checks the order nor sorts): (kvest, upstream).
+# checks the order, nor sorts, nor walks backward): (kvest, upstream).
 PASSES: dict[str, tuple[str, str]] = {
-    "estimate": ("2: pointers (address-order check), objects (count); then upstream's "
-                 "`num_beam_member_rows`: objects", "2: objects (count); objects (beam rows)"),
+    "estimate": ("3: pointers (address-order check), pointers (the list reversed), objects "
+                 "(count, last to first); then upstream's `num_beam_member_rows`: objects",
+                 "2: objects (count); objects (beam rows)"),
     "estimate, selection": (
         "12 -- 6 over the requests: upstream's comprehension (objects: incref); the count: "
         "pointers (check), pointers (min/max), 4 pointers (2-digit radix sort: count, "
@@ -119,16 +120,16 @@ PASSES: dict[str, tuple[str, str]] = {
         "upstream's beam rows (objects); the list freed (objects: decref)",
         "4 -- 4 over the requests: the comprehension (objects: incref), objects (count), "
         "objects (beam rows), the list freed (objects: decref)"),
-    "estimate, EAGLE": ("2: pointers (address-order check), objects (the spec-v2 rows)",
-                        "1: objects (the loop)"),
+    "estimate, EAGLE": ("3: pointers (address-order check), pointers (the list reversed), "
+                        "objects (the spec-v2 rows, last to first)", "1: objects (the loop)"),
     "check_decode_mem selection": (
         "left to upstream; kvest's list would take 5 -- 3 over the requests: indices "
         "unpacked into an argument tuple; itemgetter's tuple (objects: incref); `list()` of "
         "it (objects: incref); the tuple freed (objects: decref); the argument tuple freed",
         "1: the comprehension (objects: incref)"),
-    "alloc lens": ("7 -- 1 over the requests: 2 lists `[0] * n` (upstream's own lines); "
-                   "objects (the plan, into 2 arrays); 2 `tolist()` (2n new ints); 2 slice "
-                   "assignments",
+    "alloc lens": ("8 -- 1 over the requests: 2 lists `[0] * n` (upstream's own lines); "
+                   "pointers (the list reversed); objects (the plan, last to first, into 2 "
+                   "arrays); 2 `tolist()` (2n new ints); 2 slice assignments",
                    "3 -- 1 over the requests: 2 lists `[0] * n`; objects (n new ints for nxt)"),
     "alloc_for_decode_default loop": ("1: objects (2 new ints each)",
                                       "1: objects (2 new ints each)"),

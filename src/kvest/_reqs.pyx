@@ -22,6 +22,7 @@ from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject, PyTypeObject
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF, Py_XINCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport INT32_MAX, INT64_MAX, INT64_MIN, int32_t, int64_t, uint64_t
@@ -560,6 +561,18 @@ cdef Py_ssize_t _run(Job *job, kv_cache *cache, PyObject **items, const int64_t 
     return start
 
 
+cdef inline Py_ssize_t _first_run(Job *job, Py_ssize_t m) noexcept:
+    """Where a walk of m rows first tries a run: 0, or never (PY_SSIZE_T_MAX)
+    where no run can start (another kind, a length either place) or one
+    request would pay more for it than it saves."""
+    if m < 2 or not (job.kind == SPEC_V2 or job.kind == DECODE or job.kind == PLAN):
+        return PY_SSIZE_T_MAX
+    if job.at_committed == KV_AT_EITHER or (job.kind != DECODE
+                                            and job.at_allocated == KV_AT_EITHER):
+        return PY_SSIZE_T_MAX
+    return 0
+
+
 cdef inline Py_ssize_t _run_from(Job *job, kv_cache *cache, object reqs, const int64_t *rows,
                                  Py_ssize_t end, Py_ssize_t *at) except -1:
     """:func:`_run` from *at over a list or tuple (its size now: the run reads
@@ -700,6 +713,11 @@ cdef int _backward(Job *job, object reqs) except -1:
             and (job.kind == SPEC_V2 or job.kind == DECODE
                  or (job.kind == PLAN and job.rows - job.row == m))):
         return 0
+    # Where a length may be either place, the quick reads give up at the
+    # first request that keeps it under req.kv: try only a known layout.
+    if job.at_committed == KV_AT_EITHER or (job.kind != DECODE
+                                            and job.at_allocated == KV_AT_EITHER):
+        return 0
     # Borrowed: reqs holds them, and nothing runs that could change it (the
     # quick reads run no code, and collections are held off).
     order = <PyObject **>PyMem_Malloc(m * sizeof(PyObject *))
@@ -828,7 +846,9 @@ cdef int _walk_all_in(Job *job, object reqs, kv_cache *cache) except -1:
             return 0
         if _backward(job, reqs):
             return 0
-    cdef Py_ssize_t retry = 0
+    cdef Py_ssize_t retry = _first_run(
+        job, PyList_GET_SIZE(reqs) if type(reqs) is list
+        else PyTuple_GET_SIZE(reqs) if type(reqs) is tuple else 0)
     # Each request is held by a reference of our own while it is read: a
     # property of one request may drop the container's reference to it (runs
     # hold none: they run no Python code).
@@ -890,7 +910,7 @@ cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) ex
     cdef bint is_list = type(reqs) is list, is_tuple = type(reqs) is tuple
     if (is_list or is_tuple) and _rows_by_address(job, reqs, rows, m, is_list):
         return 0
-    cdef Py_ssize_t retry = 0
+    cdef Py_ssize_t retry = _first_run(job, m)
     _cache_init(&cache, job.pure)
     try:
         j = 0
@@ -1146,7 +1166,7 @@ cdef inline bint _plan_buffer(cnp.ndarray arr, Py_ssize_t m) noexcept:
 cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
     cdef kv_cache cache
     cdef Py_ssize_t pos = 0
-    cdef Py_ssize_t retry = 0
+    cdef Py_ssize_t retry = _first_run(job, m)
     if PyList_GET_SIZE(reqs) == m and _backward(job, reqs):
         return 0
     _cache_init(&cache, job.pure)
