@@ -661,6 +661,26 @@ static int kw_max_all(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *ste
         return -1;
     }
     for (;;) {
+        /* The usual pairs first, while both are exact lists or tuples: each
+         * statement done by the quick path on borrowed items (it runs no
+         * code, so nothing can drop them), as zip takes them. */
+        if (it_reqs == NULL && it_values == NULL) {
+            int reqs_list = PyList_CheckExact(reqs), values_list = PyList_CheckExact(values);
+            while (pos_reqs < (reqs_list ? PyList_GET_SIZE(reqs) : PyTuple_GET_SIZE(reqs))
+                   && pos_values < (values_list ? PyList_GET_SIZE(values)
+                                                : PyTuple_GET_SIZE(values))) {
+#ifdef Py_GIL_DISABLED
+                break; /* another thread may change the lists: items by reference only */
+#endif
+                req = reqs_list ? PyList_GET_ITEM(reqs, pos_reqs)
+                                : PyTuple_GET_ITEM(reqs, pos_reqs);
+                v = values_list ? PyList_GET_ITEM(values, pos_values)
+                                : PyTuple_GET_ITEM(values, pos_values);
+                if (!kw_max_path_quick(cx, steps, n, req, v)) break;
+                pos_reqs++;
+                pos_values++;
+            }
+        }
         got = kw_next(cx, reqs, it_reqs, &pos_reqs, &req);
         if (got < 0) {
             rc = -1;
