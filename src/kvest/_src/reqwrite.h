@@ -344,16 +344,17 @@ static inline int kw_add_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject
  * int, delta a C integer, the sum in int64.  Returns 1 when the store is done
  * (a new int in the slot, the old one released: an exact int, whose release
  * runs nothing), 0 with nothing changed (kw_add_path then runs). */
-#if KV_SHORTCUTS && KV_PRIVATE
 /* The quick paths' slot for the path's last name: req's path to its owner
  * read by shortcuts alone (a slot, or an instance-dict entry at its hint) on
  * each type's current route, the last name a slot read and written in place
- * (set, holding an exact int).  NULL when anything is otherwise.  Runs no
- * Python code and takes no reference.  *owner, when not NULL, is the owner
- * already read (the walk is skipped), and is set to it. */
+ * (set, holding an exact int).  NULL when anything is otherwise (always
+ * behind the fence, which takes no route outside pure mode).  Runs no Python
+ * code and takes no reference.  *owner, when not NULL, is the owner already
+ * read (the walk is skipped), and is set to it. */
 static inline PyObject **kw_quick_slot(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
                                        PyObject **owner)
 {
+#if KV_SHORTCUTS && KV_PRIVATE
     PyObject *obj = *owner != NULL ? *owner : req, **slot;
     for (Py_ssize_t i = 0; *owner == NULL && i + 1 < n; i++) {
         kw_step *s = &steps[i];
@@ -375,13 +376,19 @@ static inline PyObject **kw_quick_slot(kw_ctx *cx, kw_step *steps, Py_ssize_t n,
     if (*slot == NULL || !PyLong_CheckExact(*slot)) return NULL;
     *owner = obj;
     return slot;
-}
+#else
+    (void)cx;
+    (void)steps;
+    (void)n;
+    (void)req;
+    (void)owner;
+    return NULL;
 #endif
+}
 
 static inline int kw_add_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
                                     const kw_delta *dl, PyObject **owner)
 {
-#if KV_SHORTCUTS && KV_PRIVATE
     PyObject *obj = *owner, **slot, *old, *sum;
     if (!dl->fast) return 0;
     slot = kw_quick_slot(cx, steps, n, req, &obj);
@@ -401,15 +408,6 @@ static inline int kw_add_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, Py
     Py_DECREF(old);
     *owner = obj;
     return 1;
-#else
-    (void)cx;
-    (void)steps;
-    (void)n;
-    (void)req;
-    (void)dl;
-    (void)owner;
-    return 0;
-#endif
 }
 
 /* builtins.max(cur, v) (a new reference): v if v > cur is true, else cur. */
@@ -437,7 +435,6 @@ static inline PyObject *kw_max(kw_ctx *cx, PyObject *cur, PyObject *v, int *pure
 static inline int kw_max_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
                                     PyObject *v)
 {
-#if KV_SHORTCUTS && KV_PRIVATE
     PyObject *owner = NULL, **slot, *cur;
     long long a, b;
     if (!PyLong_CheckExact(v) || !kv_small_int(v, &b)) return 0;
@@ -449,14 +446,6 @@ static inline int kw_max_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, Py
         Py_DECREF(cur);
     }
     return 1;
-#else
-    (void)cx;
-    (void)steps;
-    (void)n;
-    (void)req;
-    (void)v;
-    return 0;
-#endif
 }
 
 /* `req.<path> = max(req.<path>, v)`: the right side first, then req's path
