@@ -709,14 +709,10 @@ cdef int _backward(Job *job, object reqs) except -1:
     cdef PyObject **items = PySequence_Fast_ITEMS(reqs)
     cdef PyObject **order
     cdef bint done
-    if not (KV_ADDRESS_ORDER and m >= _backward_min
-            and (job.kind == SPEC_V2 or job.kind == DECODE
-                 or (job.kind == PLAN and job.rows - job.row == m))):
-        return 0
-    # Where a length may be either place, the quick reads give up at the
-    # first request that keeps it under req.kv: try only a known layout.
-    if job.at_committed == KV_AT_EITHER or (job.kind != DECODE
-                                            and job.at_allocated == KV_AT_EITHER):
+    # Only where a run could start (the kinds runs read; a length either place
+    # makes the quick reads give up at the first request keeping it in req.kv).
+    if not (KV_ADDRESS_ORDER and m >= _backward_min and _first_run(job, m) == 0
+            and (job.kind != PLAN or job.rows - job.row == m)):
         return 0
     # Borrowed: reqs holds them, and nothing runs that could change it (the
     # quick reads run no code, and collections are held off).
