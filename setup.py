@@ -30,7 +30,7 @@ public_only = os.environ.get("KVEST_PUBLIC_API_ONLY", "").strip().lower() in (
     "1", "true", "yes", "on")
 common = dict(
     include_dirs=[np.get_include(), f"{SRC}/_src"],
-    depends=[*HEADERS, f"{SRC}/_common.pxd", f"{SRC}/_route.pxd"],
+    depends=[*HEADERS, f"{SRC}/_common.pxd", f"{SRC}/_route.pxd", f"{SRC}/_reqs.pxd"],
     define_macros=[
         # The oldest NumPy C API the module may use, and the runtime floor it
         # supports: keep in step with `dependencies` in pyproject.toml.
@@ -50,6 +50,8 @@ extensions = [
     Extension("kvest._reqs", sources=[f"{SRC}/_reqs.pyx"], **common),
     # Request-object writers: reqwrite.h only.
     Extension("kvest._writes", sources=[f"{SRC}/_writes.pyx"], **common),
+    # The SGLang glue's compiled half, on kvest._reqs' kernels (its .pxd).
+    Extension("kvest.sglang._glue", sources=[f"{SRC}/sglang/_glue.pyx"], **common),
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": 3},

@@ -1,4 +1,4 @@
-"""The compiled glue (``kvest._reqs._DecodeCountGlue``, ``_SpecV2TotalGlue``,
+"""The compiled glue (``kvest.sglang._glue._DecodeCountGlue``, ``_SpecV2TotalGlue``,
 ``_BeamTailGlue``, ``_AllocLensGlue``) is its Python twin's equal: on every
 input the same answer or the same decline, and the same counters (``kernel``,
 ``fallbacks``) -- so the pure-Python build and the compiled one tell an
@@ -22,7 +22,7 @@ from kvest.sglang.patterns import by_kind
 
 if kvest.IMPLEMENTATION != "cython":
     pytest.skip("the compiled glue is the compiled build's", allow_module_level=True)
-from kvest import _reqs
+from kvest.sglang import _glue
 
 
 @dataclasses.dataclass(slots=True)
@@ -76,7 +76,7 @@ def _twins(kind, monkeypatch):
     monkeypatch.setattr(kvest, name, lambda *a, **k: real(*a, **k))
     python = maker(pattern, f"twins {kind} python", CHECKED)
     monkeypatch.undo()
-    assert isinstance(getattr(compiled, "__self__", None), _reqs._Glue)
+    assert isinstance(getattr(compiled, "__self__", None), _glue._Glue)
     assert isinstance(python, types.FunctionType)
     return compiled, python
 

@@ -226,7 +226,7 @@ def test_the_size_check_and_its_python_rule_agree():
     the pure-Python build's rule read it in the same cases and agree."""
     from kvest.sglang import rewrite
 
-    compiled = pytest.importorskip("kvest._reqs")
+    compiled = pytest.importorskip("kvest.sglang._glue")
     got = [(type(o).__name__, rewrite._small_reqs_rule(o, 3)) for o in _owners()]
     assert got == [(type(o).__name__, compiled._small_reqs(o, 3)) for o in _owners()]
     assert {name for name, small in got if small} == {"Own", "Slotted"}

@@ -33,7 +33,7 @@ import re, sys
 text = open(sys.argv[1]).read()
 blocks = re.split(r"\n==\d+== \n", text)
 errors = [b for b in blocks if re.search(r"==\d+== (Invalid|Conditional|Use of uninit|Mismatched|Source and destination|Syscall param|Argument)", b)]
-ours = [b for b in errors if re.search(r"_kernels|_reqs|_writes|reqwrite|reqattr|reqroute|addrorder|loops_body|loops_avx2|loops\.c", b)]
+ours = [b for b in errors if re.search(r"_kernels|_reqs|_writes|_glue|reqwrite|reqattr|reqroute|addrorder|loops_body|loops_avx2|loops\.c", b)]
 print(f"memcheck: {len(errors)} reports in all, {len(ours)} through kvest's code")
 for b in ours:
     print(b)

@@ -21,7 +21,7 @@ cimport numpy as cnp
 from cpython.list cimport PyList_GET_ITEM, PyList_GET_SIZE
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
-from cpython.object cimport PyObject, PyTypeObject
+from cpython.object cimport PyObject
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF, Py_XINCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
@@ -34,7 +34,6 @@ from kvest._common cimport (
     _times_page,
     kv_add_total,
     kv_ceil_div,
-    kv_divisor,
     kv_divisor_init,
     kv_chunk_fast,
     kv_mod_row,
@@ -53,8 +52,6 @@ from kvest._route cimport (
     kv_gc_let,
     kv_plain_attr,
 )
-
-import builtins as _builtins
 
 import numpy as np
 
@@ -121,7 +118,6 @@ cdef extern from "reqattr.h":
     void kv_req_forget(kv_req_state *st)
     int kv_req_length(kv_cache *c, PyObject *req, int which, int at, kv_req_state *st,
                       int64_t *length, PyObject **value)
-    void kv_cache_renew(kv_cache *c, int pure)
     bint kv_req_quick(kv_cache *c, PyObject *req, int at_committed, int at_allocated,
                       bint both, int64_t *committed, int64_t *allocated)
     bint kv_group_quick(kv_cache *c, PyObject *req, int *grouped)
@@ -137,8 +133,6 @@ cdef extern from "reqattr.h":
 cdef extern from "typetag.h":
     enum:
         KV_PRIVATE
-    bint kv_tag_valid(PyTypeObject *t)
-    unsigned int kv_tag(PyTypeObject *t)
 
 # Whether this build keeps to CPython's public API (the fence, typetag.h): on
 # any Python newer than 3.13, or built with KVEST_PUBLIC_API_ONLY=1 (CI checks it).
@@ -227,35 +221,6 @@ cdef int64_t _length_slow(int status, kv_cache *cache, object req, Py_ssize_t po
 
 
 # ------------------------------------------------------------- one request
-
-cdef enum Kind:
-    SPEC_V2
-    DECODE
-    PLAN
-    BEAM
-    BEAM_GROUPS
-
-
-cdef struct Job:
-    Kind kind
-    int at_committed, at_allocated  # KV_AT_*: where each length is read
-    int pure  # KV_PURE_*: the reads' mode
-    int64_t p, r
-    bint fast  # p and r in the fast range (each row checks its own lengths)
-    bint aligned
-    bint exact  # exact_ints: a length that is not exactly an int is a TypeError
-    kv_divisor d
-    int64_t tokens  # SPEC_V2, PLAN
-    int64_t pages  # PLAN
-    uint64_t count  # DECODE; BEAM_GROUPS: the requests with a beam group
-    Py_ssize_t row  # PLAN: the output row being written
-    Py_ssize_t rows  # PLAN: the rows cur and nxt hold; never written past
-    bint backward  # PLAN: the rows are read last to first (row counts from the end)
-    void *cur
-    void *nxt
-    bint cur32, nxt32
-    PyObject *beam_total  # BEAM: the total as a Python object once it is not an int64
-
 
 cdef int _overflow(Job *job, Py_ssize_t pos, int64_t c, int64_t a) except -1:
     """Raise what the row at reqs[pos] overflowed: the status (the row's values and
@@ -599,42 +564,6 @@ cdef Py_ssize_t _order_walks = 0, _order_gave_up = 0
 cdef Py_ssize_t _backward_min = KV_BACKWARD_MIN, _backward_done = 0
 
 
-cdef str _REQS = "reqs"
-
-
-def _small_list(obj, Py_ssize_t below):
-    """Whether ``obj`` is an exact list of fewer than ``below`` items (the SGLang
-    rewrite's size check: one call, no Python code)."""
-    return type(obj) is list and PyList_GET_SIZE(obj) < below
-
-
-def _small_reqs(owner, Py_ssize_t below):
-    """Whether ``owner.reqs`` is the instance's own value (reading it runs no
-    Python code, so reading it again gives the same object) and an exact list
-    of fewer than ``below`` requests."""
-    cdef kv_gc g
-    kv_gc_init(&g)
-    cdef PyObject *reqs = kv_plain_attr(<PyObject *>owner, <PyObject *>_REQS, &g)
-    cdef bint small = (reqs != NULL and type(<object>reqs) is list
-                       and PyList_GET_SIZE(<object>reqs) < below)
-    kv_gc_let(&g)  # (after the last use of the borrowed list)
-    return small
-
-
-def _type_version(cls):
-    """``cls``'s version tag (after a lookup, which gives it one where it can
-    have one), or 0 where it has none or the build keeps to the public API:
-    what the SGLang glue keys what it worked out for a class by.  CPython
-    changes the tag whenever the class or a base changes (typetag.h)."""
-    if not isinstance(cls, type):
-        raise TypeError("cls: a type")
-    if not KV_PRIVATE:
-        return 0
-    cdef PyTypeObject *t = <PyTypeObject *>cls
-    getattr(cls, "__getattribute__")  # a lookup: assigns a tag where it can
-    return kv_tag(t) if kv_tag_valid(t) else 0
-
-
 def _address_order(min_requests=None):
     """``(walks in address order, walks that gave up and went in order, the
     least batch that tries)``; ``min_requests`` sets that least batch
@@ -828,14 +757,10 @@ cdef int64_t *_exact_rows(object indices, Py_ssize_t n, Py_ssize_t *m) except? N
 
 
 cdef int _walk_all(Job *job, object reqs) except -1:
-    cdef kv_cache cache
-    _cache_init(&cache, job.pure)
-    return _walk_all_in(job, reqs, &cache)
-
-
-cdef int _walk_all_in(Job *job, object reqs, kv_cache *cache) except -1:
-    """:func:`_walk_all` with a cache of the caller's, ready for this call."""
+    cdef kv_cache call_cache
+    cdef kv_cache *cache = &call_cache  # the call's own: never shared with another thread
     cdef Py_ssize_t pos = 0
+    _cache_init(cache, job.pure)
     if type(reqs) is list or type(reqs) is tuple:
         if _by_address(job, PySequence_Fast_ITEMS(reqs), PyList_GET_SIZE(reqs)
                        if type(reqs) is list else PyTuple_GET_SIZE(reqs)):
@@ -986,6 +911,19 @@ cdef int _pure_mode(object pure) except -1:
     if pure is True:
         return KV_PURE_STRICT
     return KV_PURE_STRICT if as_flag(pure, "pure") else KV_PURE_OFF
+
+
+cdef int _glue_job(Job *job, Kind kind, int64_t p, int64_t r, object layout) except -1:
+    return _job_init(job, kind, p, r, layout, True, KV_PURE_STRICT)
+
+
+cdef object _own_attr(object obj, str name, object missing):
+    cdef kv_gc g
+    kv_gc_init(&g)
+    cdef PyObject *found = kv_plain_attr(<PyObject *>obj, <PyObject *>name, &g)
+    value = <object>found if found != NULL else missing  # a reference of our own
+    kv_gc_let(&g)
+    return value
 
 
 cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout,
@@ -1237,301 +1175,3 @@ def beam_groups_from_reqs(reqs, indices=None, *, pure=False):
         sel = _select(reqs, indices)
         _walk_rows(&job, reqs, sel.rows, sel.m)
     return job.count
-
-
-# ------------------------------------------- the SGLang glue's compiled half
-
-# A rewritten SGLang function calls its glue on every decode step, at every
-# batch size: in Python the glue's own call, checks and counting cost more
-# than upstream's loop over a few requests (kvest.sglang.glue).  Here they
-# cost a method call.  Each answers exactly as its Python twin in
-# kvest.sglang.glue does, and counts as kvest.sglang.monitor.Spot says.
-
-cdef class _Tally:
-    """A hot spot's counters (kvest.sglang.monitor.Spot reads them): ``calls``
-    (the rewritten function's prologue, :meth:`tick`), ``kernel`` and
-    ``fallbacks`` once per call each (``last_*``: the call last counted)."""
-
-    cdef public long long calls, kernel, fallbacks, last_kernel, last_fallback
-
-    def __cinit__(self):
-        self.last_kernel = -1
-        self.last_fallback = -1
-
-    def tick(self):
-        """One more call of the hot spot (the rewritten function's first statement)."""
-        self.calls += 1
-
-    def answered(self, answer):
-        """``answer``, a kernel's, counted (the Python glue's one call for it)."""
-        return _answered(self, answer)
-
-    def declined(self, declined):
-        """``declined``, a decline's marker, counted."""
-        return _declined(self, declined)
-
-
-cdef inline object _answered(_Tally t, object answer):
-    """A kernel's answer, counted once per call and only in a call with no decline."""
-    if t.last_kernel != t.calls and t.last_fallback != t.calls:
-        t.kernel += 1
-        t.last_kernel = t.calls
-    return answer
-
-
-cdef inline object _declined(_Tally t, object declined):
-    """A decline, counted once per call (a call with one is a fallback)."""
-    if t.last_fallback != t.calls:
-        t.fallbacks += 1
-        t.last_fallback = t.calls
-        if t.last_kernel == t.calls:
-            t.kernel -= 1
-    return declined
-
-
-cdef class _Glue:
-    """What every compiled glue holds: the hot spot's tally, the DECLINED
-    marker, the monitor's state with its first-call hook, the builtin the
-    statement must still read, and a reader's cache kept from call to call
-    (where version tags key it: kv_cache_renew)."""
-
-    cdef _Tally tally
-    cdef object declined, state, first_call, builtin
-    cdef bint announced  # the status line is out: no need to look again
-    cdef kv_cache cache
-    cdef Job job  # the last (page size, reserve)'s, made ready (_job_init) once
-    cdef int64_t job_p, job_r  # job_p 0: none kept yet
-
-    def __cinit__(self):
-        _cache_init(&self.cache, KV_PURE_STRICT)
-        self.job_p = 0
-
-    def __init__(self, _Tally tally, declined, state, first_call, builtin):
-        self.tally = tally
-        self.declined = declined
-        self.state = state
-        self.first_call = first_call
-        self.builtin = builtin
-
-    cdef inline int _announce(self) except -1:
-        if not self.announced:
-            if not self.state.announced:
-                self.first_call()
-            self.announced = True
-        return 0
-
-    cdef inline int _walk(self, Job *job, object reqs) except -1:
-        kv_cache_renew(&self.cache, KV_PURE_STRICT)
-        return _walk_all_in(job, reqs, &self.cache)
-
-    cdef inline int _job(self, Job *job, Kind kind, int64_t p, int64_t r,
-                         object layout) except -1:
-        """job made ready for (p, r): the kept one copied where they match the
-        last call's, else made whole in job before it is kept (the layout's
-        rule is Python's, and another thread may use this glue meanwhile)."""
-        if p == self.job_p and r == self.job_r:
-            job[0] = self.job
-        else:
-            _job_init(job, kind, p, r, layout, True, KV_PURE_STRICT)
-            self.job, self.job_p, self.job_r = job[0], p, r
-        return 0
-
-
-cdef class _DecodeCountGlue(_Glue):
-    """``n = sum(1 for r in requests if <C> % page_size == 0)``: the Python
-    twin is kvest.sglang.glue.make_decode_count's ``decode_count``."""
-
-    cdef object layout
-
-    def __init__(self, _Tally tally, declined, state, first_call, builtin, layout):
-        _Glue.__init__(self, tally, declined, state, first_call, builtin)
-        self.layout = layout
-
-    def run(self, requests, page_size, sum_):
-        cdef Job job
-        cdef int64_t p
-        cdef int overflow = 0
-        self._announce()
-        if (sum_ is self.builtin and (type(requests) is list or type(requests) is tuple)
-                and type(page_size) is int):
-            p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
-            if overflow == 0 and p >= 1:
-                try:
-                    self._job(&job, DECODE, p, 0, self.layout)
-                    self._walk(&job, requests)
-                except Exception:
-                    pass  # upstream's statement raises its own exception
-                else:
-                    # (the kernel answers in tokens, which must fit int64)
-                    if job.count <= <uint64_t>(INT64_MAX // p):
-                        return _answered(self.tally, job.count)
-        return _declined(self.tally, self.declined)
-
-
-cdef class _BeamTailGlue(_Glue):
-    """SGLang's ``append_beam_tail`` loop with no request in a beam group: the
-    Python twin is kvest.sglang.glue.make_beam_tail_loop's ``beam_tail_loop``.
-    ``owner.reqs`` is read only where reading it runs no code (its instance
-    dict's entry, or a slot), so that upstream's loop, if it runs, reads the
-    same list."""
-
-    def __init__(self, _Tally tally, declined, state, first_call, builtin):
-        _Glue.__init__(self, tally, declined, state, first_call, builtin)
-        _job_init(&self.job, BEAM_GROUPS, 1, 0, None, False, KV_PURE_STRICT)
-
-    def run(self, owner, enumerate_):
-        cdef Job job
-        cdef kv_gc g
-        cdef PyObject *found
-        self._announce()
-        if enumerate_ is self.builtin:
-            kv_gc_init(&g)
-            found = kv_plain_attr(<PyObject *>owner, <PyObject *>_REQS, &g)
-            reqs = <object>found if found != NULL else None  # a reference of our own
-            kv_gc_let(&g)
-            if type(reqs) is list:
-                job = self.job
-                try:
-                    self._walk(&job, reqs)
-                except Exception:
-                    pass  # upstream's loop raises its own exception
-                else:
-                    if job.count == 0:
-                        return _answered(self.tally, None)
-        return _declined(self.tally, self.declined)
-
-
-cdef class _SpecV2TotalGlue(_Glue):
-    """``for r in requests: total += ceil_align(max(A, C + R), p) -
-    ceil_align(A, p)``, R being ``factor`` times the reserve read: the Python
-    twin is kvest.sglang.glue.make_spec_v2_total's ``spec_v2_total``.  The
-    helpers must still be the functions kvest proved the pattern with, their
-    code unreplaced (an autoreload keeps a function's identity)."""
-
-    cdef object layout, factor, ceil_align, ceil_div, align_code, div_code
-    cdef dict home
-
-    def __init__(self, _Tally tally, declined, state, first_call, builtin, layout, factor,
-                 ceil_align, ceil_div):
-        _Glue.__init__(self, tally, declined, state, first_call, builtin)
-        self.layout, self.factor = layout, factor
-        self.ceil_align, self.ceil_div = ceil_align, ceil_div
-        self.home = ceil_align.__globals__
-        self.align_code, self.div_code = ceil_align.__code__, ceil_div.__code__
-
-    def run(self, total, requests, page_size, reserve, max_, ceil_align_):
-        cdef Job job
-        cdef int64_t p, r
-        cdef int overflow = 0
-        self._announce()
-        if (max_ is self.builtin and ceil_align_ is self.ceil_align
-                and self.home.get("ceil_div") is self.ceil_div
-                and self.ceil_align.__code__ is self.align_code
-                and self.ceil_div.__code__ is self.div_code
-                and type(total) is int and (type(requests) is list or type(requests) is tuple)
-                and type(page_size) is int and type(reserve) is int):
-            p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
-            if overflow == 0 and p >= 1 and reserve >= 0:
-                try:
-                    r = _count(self.factor * reserve, "reserve", 0)
-                    self._job(&job, SPEC_V2, p, r, self.layout)
-                    self._walk(&job, requests)
-                except Exception:
-                    pass  # upstream's loop raises its own exception
-                else:
-                    return _answered(self.tally, total + job.tokens)
-        return _declined(self.tally, self.declined)
-
-
-cdef enum:
-    _LISTS_MAX = 64  # the most requests answered as lists (their rows sit on the C stack)
-
-
-def _globals_resolve(dict namespace, tuple names, tuple expected, missing):
-    """Whether each of ``names``, looked up as a function of ``namespace``
-    looks up a global (that dict, then its ``__builtins__``), is the object at
-    the same place in ``expected`` (``missing``: found in neither):
-    kvest.sglang.glue's ``resolves`` in C (a whole function kvest replaced
-    reads these names on every call)."""
-    cdef Py_ssize_t i
-    cdef object home = namespace.get("__builtins__", _builtins)
-    cdef dict table = home if type(home) is dict else vars(home)
-    for i in range(len(names)):
-        value = namespace.get(names[i], missing)
-        if value is missing:
-            value = table.get(names[i], missing)
-        if value is not expected[i]:
-            return False
-    return True
-
-
-cdef class _AllocLensGlue(_Glue):
-    """``page_aligned_decode_alloc_lens`` for its int32 callers, the whole
-    function: ``(cur, nxt, tokens)`` as int32 arrays, or below
-    ``lists_below`` requests as upstream's lists; ``declined`` (counted) where
-    upstream's function must answer.  It counts the call itself.  The Python
-    twin is kvest.sglang.glue.make_alloc_lens_int32's function."""
-
-    cdef dict namespace
-    cdef tuple names, expected
-    cdef object layout, missing
-    cdef Py_ssize_t lists_below
-
-    def __init__(self, _Tally tally, declined, state, first_call, dict namespace, tuple names,
-                 tuple expected, missing, layout, Py_ssize_t lists_below):
-        _Glue.__init__(self, tally, declined, state, first_call, None)
-        if not 0 <= lists_below <= _LISTS_MAX:
-            raise ValueError(f"lists_below: 0 to {_LISTS_MAX}")
-        self.namespace, self.names, self.expected = namespace, names, expected
-        self.missing = missing
-        self.layout, self.lists_below = layout, lists_below
-
-    cdef bint _ready(self, Job *job, object reqs, object reserve, object page_size) except -1:
-        """Whether the call is one the kernel takes (a list or tuple, exact ints
-        ``page_size >= 1`` and ``reserve >= 0``, the function's global names
-        as proven), with job made ready for it."""
-        cdef int64_t p, r
-        cdef int overflow = 0
-        if not ((type(reqs) is list or type(reqs) is tuple) and type(reserve) is int
-                and type(page_size) is int
-                and _globals_resolve(self.namespace, self.names, self.expected, self.missing)):
-            return False
-        p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
-        if overflow or p < 1:
-            return False
-        r = PyLong_AsLongLongAndOverflow(reserve, &overflow)
-        if overflow or r < 0:
-            return False
-        self._job(job, PLAN, p, r, self.layout)
-        return True
-
-    def run(self, reqs, reserve, page_size):
-        cdef Job job
-        cdef int64_t cur[_LISTS_MAX]
-        cdef int64_t nxt[_LISTS_MAX]
-        cdef Py_ssize_t m, i
-        cdef cnp.npy_intp dims
-        self._announce()
-        self.tally.calls += 1
-        try:
-            if self._ready(&job, reqs, reserve, page_size):
-                m = dims = len(reqs)
-                job.rows = m
-                if m < self.lists_below:
-                    job.cur, job.nxt = &cur[0], &nxt[0]
-                    self._walk(&job, reqs)
-                    if job.row == m:
-                        return _answered(self.tally, (
-                            [cur[i] for i in range(m)], [nxt[i] for i in range(m)], job.tokens))
-                else:
-                    cur_out = cnp.PyArray_EMPTY(1, &dims, cnp.NPY_INT32, 0)
-                    nxt_out = cnp.PyArray_EMPTY(1, &dims, cnp.NPY_INT32, 0)
-                    job.cur = cnp.PyArray_DATA(<cnp.ndarray>cur_out)
-                    job.nxt = cnp.PyArray_DATA(<cnp.ndarray>nxt_out)
-                    job.cur32 = job.nxt32 = True
-                    self._walk(&job, reqs)
-                    if job.row == m:
-                        return _answered(self.tally, (cur_out, nxt_out, job.tokens))
-        except Exception:
-            pass  # upstream's function raises its own exception
-        return _declined(self.tally, self.declined)

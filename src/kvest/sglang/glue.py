@@ -73,12 +73,13 @@ _COMPILED: dict[Any, Any] = {}
 _GLOBALS_RESOLVE: Any = None
 if kvest.IMPLEMENTATION == "cython":
     from kvest import _reqs
+    from kvest.sglang import _glue
 
-    _COMPILED = {_reqs.decode_new_tokens_from_reqs: _reqs._DecodeCountGlue,
-                 _reqs.spec_v2_new_tokens_from_reqs: _reqs._SpecV2TotalGlue,
-                 _reqs.beam_groups_from_reqs: _reqs._BeamTailGlue,
-                 _reqs.decode_alloc_plan_from_reqs: _reqs._AllocLensGlue}
-    _GLOBALS_RESOLVE = _reqs._globals_resolve
+    _COMPILED = {_reqs.decode_new_tokens_from_reqs: _glue._DecodeCountGlue,
+                 _reqs.spec_v2_new_tokens_from_reqs: _glue._SpecV2TotalGlue,
+                 _reqs.beam_groups_from_reqs: _glue._BeamTailGlue,
+                 _reqs.decode_alloc_plan_from_reqs: _glue._AllocLensGlue}
+    _GLOBALS_RESOLVE = _glue._globals_resolve
 
 
 def _sized(glue: Callable[..., Any], below: int) -> Callable[..., Any]:
@@ -213,7 +214,7 @@ def _lookup_is_special(cls: type, name: str) -> bool:
 # class -> (its version tag, whether its "reqs" lookup is special)
 _SPECIAL: dict[type, tuple[int, bool]] = {}
 try:
-    from kvest._reqs import _type_version
+    from kvest.sglang._glue import _type_version
 except ImportError:  # the pure-Python build: worked out each time
     def _type_version(cls: type) -> int:
         return 0
@@ -499,7 +500,7 @@ def _at_most(values: np.ndarray, bound: int) -> bool:
 
 def _lists_twin(plan: Callable[..., Any]) -> Callable[..., Any]:
     """The int32 callers' alloc lens below ``lists_below`` as upstream's lists,
-    through ``plan`` (``_reqs._AllocLensGlue.run``'s small batches, in Python)."""
+    through ``plan`` (``_glue._AllocLensGlue.run``'s small batches, in Python)."""
 
     def plan_lists(reqs: Any, page_size: Any, reserve: Any, layout: Any) -> Any:
         try:

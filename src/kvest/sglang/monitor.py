@@ -122,7 +122,7 @@ class Samples:
 
 
 class _PyTally:
-    """kvest._reqs._Tally in Python (the pure build): a hot spot's counters."""
+    """kvest.sglang._glue._Tally in Python (the pure build): a hot spot's counters."""
 
     __slots__ = ("calls", "fallbacks", "kernel", "last_fallback", "last_kernel")
 
@@ -154,7 +154,7 @@ class _PyTally:
 
 Tally: Any = _PyTally  # the pure-Python build's
 if kvest.IMPLEMENTATION == "cython":
-    from kvest._reqs import _Tally as Tally
+    from kvest.sglang._glue import _Tally as Tally
 
 
 def _counter(name: str, doc: str) -> Any:

@@ -332,14 +332,14 @@ def _small_list_rule(obj: Any, below: int) -> bool:
 
 
 def _small_reqs_rule(owner: Any, below: int) -> bool:
-    """``kvest._reqs._small_reqs`` in Python: ``owner.reqs`` read only where
+    """``kvest.sglang._glue._small_reqs`` in Python: ``owner.reqs`` read only where
     that runs no code (:func:`kvest.sglang.glue.plain_reqs`)."""
     reqs = plain_reqs(owner)
     return type(reqs) is list and len(reqs) < below
 
 
 try:  # one call each, running no Python code
-    from kvest._reqs import _small_list, _small_reqs
+    from kvest.sglang._glue import _small_list, _small_reqs
 except ImportError:  # the pure-Python build: the same rule in Python
     _small_list, _small_reqs = _small_list_rule, _small_reqs_rule
 _SIZE_CELLS = {"__kvest_small_list__": _small_list, "__kvest_small_reqs__": _small_reqs}
