@@ -32,6 +32,7 @@ cdef struct Job:
     Py_ssize_t row  # PLAN: the output row being written
     Py_ssize_t rows  # PLAN: the rows cur and nxt hold; never written past
     bint backward  # PLAN: the rows are read last to first (row counts from the end)
+    bint own_out  # PLAN: cur and nxt are kvest's own (a caller sees no row of a walk that gave up)
     void *cur
     void *nxt
     bint cur32, nxt32

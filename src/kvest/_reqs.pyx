@@ -88,8 +88,10 @@ cnp.import_array()
 
 
 cdef extern from "reqattr.h":
-    ctypedef struct kv_cache:
+    ctypedef struct kv_ctx:
         int pure
+    ctypedef struct kv_cache:
+        kv_ctx cx
     ctypedef struct kv_req_state:
         pass
     enum:
@@ -118,13 +120,10 @@ cdef extern from "reqattr.h":
     void kv_req_forget(kv_req_state *st)
     int kv_req_length(kv_cache *c, PyObject *req, int which, int at, kv_req_state *st,
                       int64_t *length, PyObject **value)
-    bint kv_req_quick(kv_cache *c, PyObject *req, int at_committed, int at_allocated,
-                      bint both, int64_t *committed, int64_t *allocated)
-    bint kv_group_quick(kv_cache *c, PyObject *req, int *grouped)
     ctypedef struct kv_run:
         int both
     bint kv_run_begin(kv_cache *c, kv_run *run, PyObject *first, int at_committed,
-                      int at_allocated, bint both)
+                      int at_allocated, bint both, bint beam)
     Py_ssize_t kv_run_read(kv_cache *c, const kv_run *run, PyObject **items,
                            const int64_t *rows, Py_ssize_t size, Py_ssize_t start,
                            Py_ssize_t end, int64_t *committed, int64_t *allocated)
@@ -186,7 +185,7 @@ cdef int64_t _length_slow(int status, kv_cache *cache, object req, Py_ssize_t po
     """The rare outcomes: an error, a missing attribute, a value the Python rule judges,
     a read pure mode refuses."""
     cdef str attr = _COMMITTED if which == KV_COMMITTED else _ALLOCATED
-    cdef int pure = cache.pure
+    cdef int pure = cache.cx.pure
     if pure == KV_PURE_QUICK:
         if status == KV_LEN_VALUE:
             Py_DECREF(<object>value)  # an exact int (pure reads): its release runs nothing
@@ -343,32 +342,10 @@ cdef inline bint _spec_v2_add(Job *job, int64_t c, int64_t a) noexcept:
     return kv_add_total(&job.tokens, tokens) != 0
 
 
-cdef inline int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
-    """One request's row: 0, or GAVE_UP (quick mode only: nothing raised, nothing
-    but the job changed).  The estimates' common request here, inline in the
-    walk; anything else (and the plan) in :func:`_row_general`."""
-    cdef int64_t c = 0, a = 0
-    cdef int grouped = 0
-    if job.kind == DECODE:
-        if kv_req_quick(cache, <PyObject *>req, job.at_committed, job.at_allocated, False,
-                        &c, &a):
-            _decode_add(job, c)
-            return 0
-    elif job.kind == SPEC_V2:
-        if kv_req_quick(cache, <PyObject *>req, job.at_committed, job.at_allocated, True,
-                        &c, &a):
-            if _spec_v2_add(job, c, a):
-                return _overflow(job, pos, c, a)
-            return 0
-    elif job.kind == BEAM_GROUPS:
-        if kv_group_quick(cache, <PyObject *>req, &grouped):
-            job.count += grouped
-            return 0
-    return _general(job, cache, req, pos)
-
-
-cdef int _row_general(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
-    """:func:`_row` for every kind and request."""
+cdef int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
+    """One request's row, read by the reference rule (a request no run took):
+    0, or GAVE_UP (quick mode only: nothing raised, nothing but the job
+    changed)."""
     cdef kv_req_state st
     cdef int64_t c = 0, a = 0
     cdef PyObject *value = NULL
@@ -377,27 +354,25 @@ cdef int _row_general(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exc
         return _beam_row(job, cache, req, pos)
     if job.kind == BEAM_GROUPS:
         return _beam_group_row(job, cache, req, pos)
-    if not (job.kind == PLAN and kv_req_quick(cache, <PyObject *>req, job.at_committed,
-                                              job.at_allocated, True, &c, &a)):
-        kv_req_begin(&st)
-        # _length's two steps written out here: the C read inline in the walk.
-        status = kv_req_length(cache, <PyObject *>req, KV_COMMITTED, job.at_committed, &st,
-                               &c, &value)
-        if status != KV_LEN_OK:
-            c = _length_slow(status, cache, req, pos, KV_COMMITTED, job.at_committed, &st,
-                             value, job.exact)
-        if c == QUICK_MISS:
-            kv_req_forget(&st)
-            return GAVE_UP
-        if job.kind != DECODE:
-            status = kv_req_length(cache, <PyObject *>req, KV_ALLOCATED, job.at_allocated,
-                                   &st, &a, &value)
-            if status != KV_LEN_OK:
-                a = _length_slow(status, cache, req, pos, KV_ALLOCATED, job.at_allocated,
-                                 &st, value, job.exact)
+    kv_req_begin(&st)
+    # _length's two steps written out here: the C read inline in the walk.
+    status = kv_req_length(cache, <PyObject *>req, KV_COMMITTED, job.at_committed, &st,
+                           &c, &value)
+    if status != KV_LEN_OK:
+        c = _length_slow(status, cache, req, pos, KV_COMMITTED, job.at_committed, &st,
+                         value, job.exact)
+    if c == QUICK_MISS:
         kv_req_forget(&st)
-        if a == QUICK_MISS:
-            return GAVE_UP
+        return GAVE_UP
+    if job.kind != DECODE:
+        status = kv_req_length(cache, <PyObject *>req, KV_ALLOCATED, job.at_allocated,
+                               &st, &a, &value)
+        if status != KV_LEN_OK:
+            a = _length_slow(status, cache, req, pos, KV_ALLOCATED, job.at_allocated,
+                             &st, value, job.exact)
+    kv_req_forget(&st)
+    if a == QUICK_MISS:
+        return GAVE_UP
     if job.kind == DECODE:
         _decode_add(job, c)
         return 0
@@ -409,10 +384,13 @@ cdef int _row_general(Job *job, kv_cache *cache, object req, Py_ssize_t pos) exc
 
 
 cdef inline int _plan_add(Job *job, int64_t c, int64_t a, Py_ssize_t pos) except -1:
-    """The plan's row for reqs[pos]: cur and nxt written, the totals added."""
+    """The plan's row for reqs[pos]: checked whole, then cur and nxt written and
+    the totals added -- a row that overflows writes nothing, as the twin's."""
     cdef int64_t nxt
     cdef uint64_t nxt_fast, pages
     cdef Py_ssize_t at = job.rows - 1 - job.row if job.backward else job.row
+    if job.row >= job.rows:  # whatever the walk: the buffers are sized once
+        raise plan_grew_error(job.rows)
     if job.fast and <uint64_t>(c | a) < KV_FAST_LIMIT:
         pages = kv_plan_row_fast(c, a, job.r, job.aligned, &job.d, &nxt_fast)
         nxt = <int64_t>nxt_fast
@@ -420,31 +398,21 @@ cdef inline int _plan_add(Job *job, int64_t c, int64_t a, Py_ssize_t pos) except
         if kv_plan_row(c, a, job.p, job.r, job.aligned, &nxt):
             return _overflow(job, pos, c, a)
         pages = kv_ceil_div(nxt, job.p) - kv_ceil_div(a, job.p)
-    if job.row >= job.rows:  # whatever the walk: the buffers are sized once
-        raise plan_grew_error(job.rows)
+    if ((job.cur32 and a > INT32_MAX) or (job.nxt32 and nxt > INT32_MAX)
+            or job.tokens > INT64_MAX - (nxt - a)):
+        return _overflow(job, pos, c, a)
     if job.cur32:
-        if a > INT32_MAX:
-            return _overflow(job, pos, c, a)
         (<int32_t *>job.cur)[at] = <int32_t>a
     else:
         (<int64_t *>job.cur)[at] = a
     if job.nxt32:
-        if nxt > INT32_MAX:
-            return _overflow(job, pos, c, a)
         (<int32_t *>job.nxt)[at] = <int32_t>nxt
     else:
         (<int64_t *>job.nxt)[at] = nxt
-    if kv_add_total(&job.tokens, nxt - a):
-        return _overflow(job, pos, c, a)
+    job.tokens += nxt - a
     job.pages += pages  # pages <= tokens: cannot overflow
     job.row += 1
     return 0
-
-
-# Called through a pointer: the compiler keeps the general row out of _row,
-# which then stays small.
-ctypedef int (*_row_fn)(Job *, kv_cache *, object, Py_ssize_t) except -1
-cdef _row_fn _general = _row_general
 
 
 cdef enum:
@@ -463,7 +431,7 @@ cdef inline bint _chunk_add(Job *job, const int64_t *cs, const int64_t *al,
     with nothing changed (the rows are then added one by one, which finds the
     row that is out of range)."""
     cdef uint64_t bits = 0, n
-    if not job.fast or job.kind == PLAN:
+    if not job.fast or not (job.kind == DECODE or job.kind == SPEC_V2):
         return False
     n = kv_chunk_fast(cs, NULL if job.kind == DECODE else al, k, job.r, &job.d, &bits)
     if bits >= KV_FAST_LIMIT:
@@ -487,9 +455,10 @@ cdef Py_ssize_t _run(Job *job, kv_cache *cache, PyObject **items, const int64_t 
                      Py_ssize_t size, Py_ssize_t start, Py_ssize_t end) except -1:
     """The rows from start to end (items[rows[j]] where rows is not NULL, else
     items[j]) for as long as they form a run (reqattr.h: requests that read
-    like the first, by the quick reads), added as :func:`_row` adds them.
-    Returns the first row it did not take, for the caller's :func:`_row`;
-    QUICK_MISS when a row gave up (quick mode: the row overflowed)."""
+    like the first, by loads alone), added as :func:`_row` adds them: the
+    walk's one fast read, a single request being a run of one.  Returns the
+    first row it did not take, for the caller's :func:`_row`; QUICK_MISS when
+    a row gave up (quick mode: the row overflowed)."""
     global _run_rows
     cdef kv_run run
     cdef int64_t cs[RUN_CHUNK]
@@ -497,11 +466,13 @@ cdef Py_ssize_t _run(Job *job, kv_cache *cache, PyObject **items, const int64_t 
     cdef Py_ssize_t i, k, stop, pos
     if job.kind == PLAN:
         end = min(end, start + (job.rows - job.row))  # the plan's own check past that
-    if start >= end or not (job.kind == SPEC_V2 or job.kind == DECODE or job.kind == PLAN):
+    if start >= end or job.kind == BEAM:
         return start
     pos = rows[start] if rows != NULL else start
     if (rows != NULL and not 0 <= pos < size) or not kv_run_begin(
-            cache, &run, items[pos], job.at_committed, job.at_allocated, job.kind != DECODE):
+            cache, &run, items[pos],
+            KV_AT_FLAT if job.kind == BEAM_GROUPS else job.at_committed, job.at_allocated,
+            job.kind == SPEC_V2 or job.kind == PLAN, job.kind == BEAM_GROUPS):
         return start
     while start < end:
         stop = min(end, start + RUN_CHUNK)
@@ -514,6 +485,8 @@ cdef Py_ssize_t _run(Job *job, kv_cache *cache, PyObject **items, const int64_t 
             pos = rows[start + i] if rows != NULL else start + i
             if job.kind == DECODE:
                 _decode_add(job, cs[i])
+            elif job.kind == BEAM_GROUPS:
+                job.count += cs[i]  # whether req.beam_group is not None
             elif job.kind == SPEC_V2:
                 if _spec_v2_add(job, cs[i], al[i]) and _overflow(job, pos, cs[i], al[i]):
                     return QUICK_MISS
@@ -528,14 +501,18 @@ cdef Py_ssize_t _run(Job *job, kv_cache *cache, PyObject **items, const int64_t 
 
 cdef inline Py_ssize_t _first_run(Job *job, Py_ssize_t m) noexcept:
     """Where a walk of m rows first tries a run: 0, or never (PY_SSIZE_T_MAX)
-    where no run can start (another kind, a length either place) or one
-    request would pay more for it than it saves."""
-    if m < 2 or not (job.kind == SPEC_V2 or job.kind == DECODE or job.kind == PLAN):
+    where no run can start (the beam rows' sum, a length either place)."""
+    if m < 1 or job.kind == BEAM:
         return PY_SSIZE_T_MAX
-    if job.at_committed == KV_AT_EITHER or (job.kind != DECODE
-                                            and job.at_allocated == KV_AT_EITHER):
+    if job.kind != BEAM_GROUPS and (job.at_committed == KV_AT_EITHER or (
+            job.kind != DECODE and job.at_allocated == KV_AT_EITHER)):
         return PY_SSIZE_T_MAX
     return 0
+
+
+cdef inline Py_ssize_t _size(object reqs) noexcept:
+    """The size of an exact list or tuple, now."""
+    return PyList_GET_SIZE(reqs) if type(reqs) is list else PyTuple_GET_SIZE(reqs)
 
 
 cdef inline Py_ssize_t _run_from(Job *job, kv_cache *cache, object reqs, const int64_t *rows,
@@ -543,8 +520,7 @@ cdef inline Py_ssize_t _run_from(Job *job, kv_cache *cache, object reqs, const i
     """:func:`_run` from *at over a list or tuple (its size now: the run reads
     no further), *at moved to where it stopped.  Returns the row from which the
     walk tries a run again."""
-    cdef Py_ssize_t size = (PyList_GET_SIZE(reqs) if type(reqs) is list
-                            else PyTuple_GET_SIZE(reqs))
+    cdef Py_ssize_t size = _size(reqs)
     cdef Py_ssize_t start = at[0]
     if rows == NULL:
         end = min(end, size)
@@ -627,21 +603,21 @@ cdef int _by_address(Job *job, PyObject **items, Py_ssize_t m) except -1:
 cdef int _backward(Job *job, object reqs) except -1:
     """The walk over a whole list or tuple from its last request to its first
     (addrorder.h says why): an estimate's count or sum, or the plan's rows,
-    each written where it belongs; each request read in quick pure mode, as
+    each written where it belongs (into kvest's own arrays only: a walk that
+    gives up leaves rows no forward walk may have written); each request read in quick pure mode, as
     :func:`_by_address` reads.  1 when it did: job then holds the answer.  0
     otherwise (too small a batch, anything the quick reads cannot take, an
     overflow): job is as it was, nothing else has changed, and the caller
     walks forward -- and raises, or calls Python, as it does."""
     global _backward_done
-    cdef Py_ssize_t j, m = (PyList_GET_SIZE(reqs) if type(reqs) is list
-                            else PyTuple_GET_SIZE(reqs))
+    cdef Py_ssize_t j, m = _size(reqs)
     cdef PyObject **items = PySequence_Fast_ITEMS(reqs)
     cdef PyObject **order
     cdef bint done
     # Only where a run could start (the kinds runs read; a length either place
     # makes the quick reads give up at the first request keeping it in req.kv).
     if not (KV_ADDRESS_ORDER and m >= _backward_min and _first_run(job, m) == 0
-            and (job.kind != PLAN or job.rows - job.row == m)):
+            and (job.kind != PLAN or (job.rows - job.row == m and job.own_out))):
         return 0
     # Borrowed: reqs holds them, and nothing runs that could change it (the
     # quick reads run no code, and collections are held off).
@@ -697,10 +673,10 @@ cdef bint _quick_walk(Job *job, PyObject **order, Py_ssize_t m) except -1:
     return done
 
 
-cdef int _rows_by_address(Job *job, object reqs, const int64_t *rows, Py_ssize_t m,
-                          bint is_list) except -1:
+cdef int _rows_by_address(Job *job, object reqs, const int64_t *rows,
+                          Py_ssize_t m) except -1:
     """:func:`_by_address` over the selected rows of a list or tuple."""
-    cdef Py_ssize_t j, n = PyList_GET_SIZE(reqs) if is_list else PyTuple_GET_SIZE(reqs)
+    cdef Py_ssize_t j, n = _size(reqs)
     cdef PyObject **items
     cdef PyObject **held = PySequence_Fast_ITEMS(reqs)
     cdef int done
@@ -761,36 +737,23 @@ cdef int _walk_all(Job *job, object reqs) except -1:
     cdef kv_cache *cache = &call_cache  # the call's own: never shared with another thread
     cdef Py_ssize_t pos = 0
     _cache_init(cache, job.pure)
-    if type(reqs) is list or type(reqs) is tuple:
-        if _by_address(job, PySequence_Fast_ITEMS(reqs), PyList_GET_SIZE(reqs)
-                       if type(reqs) is list else PyTuple_GET_SIZE(reqs)):
-            return 0
-        if _backward(job, reqs):
-            return 0
-    cdef Py_ssize_t retry = _first_run(
-        job, PyList_GET_SIZE(reqs) if type(reqs) is list
-        else PyTuple_GET_SIZE(reqs) if type(reqs) is tuple else 0)
+    cdef bint seq = type(reqs) is list or type(reqs) is tuple
+    if seq and (_by_address(job, PySequence_Fast_ITEMS(reqs), _size(reqs))
+                or _backward(job, reqs)):
+        return 0
+    cdef Py_ssize_t retry = _first_run(job, _size(reqs) if seq else 0)
     # Each request is held by a reference of our own while it is read: a
     # property of one request may drop the container's reference to it (runs
     # hold none: they run no Python code).
     try:
-        if type(reqs) is list:
-            # The size is read every step, as a list iterator does.
-            while pos < PyList_GET_SIZE(reqs):
+        if seq:
+            # The size (and a list's items) read every step, as their iterators do.
+            while pos < _size(reqs):
                 if pos >= retry:
-                    retry = _run_from(job, cache, reqs, NULL, PyList_GET_SIZE(reqs), &pos)
-                    if pos >= PyList_GET_SIZE(reqs):
+                    retry = _run_from(job, cache, reqs, NULL, _size(reqs), &pos)
+                    if pos >= _size(reqs):
                         break
-                req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
-                _row(job, cache, req, pos)
-                pos += 1
-        elif type(reqs) is tuple:
-            while pos < PyTuple_GET_SIZE(reqs):
-                if pos >= retry:
-                    retry = _run_from(job, cache, reqs, NULL, PyTuple_GET_SIZE(reqs), &pos)
-                    if pos >= PyTuple_GET_SIZE(reqs):
-                        break
-                req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
+                req = <object>PySequence_Fast_ITEMS(reqs)[pos]  # a reference of our own
                 _row(job, cache, req, pos)
                 pos += 1
         else:
@@ -827,26 +790,22 @@ cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) ex
     """The requests at rows (checked to lie in [0, len(reqs)) before the walk; a
     request's property may shrink reqs since, so each read is bounds checked)."""
     cdef kv_cache cache
-    cdef Py_ssize_t j, pos
-    cdef bint is_list = type(reqs) is list, is_tuple = type(reqs) is tuple
-    if (is_list or is_tuple) and _rows_by_address(job, reqs, rows, m, is_list):
+    cdef Py_ssize_t j = 0, pos
+    cdef bint seq = type(reqs) is list or type(reqs) is tuple
+    if seq and _rows_by_address(job, reqs, rows, m):
         return 0
     cdef Py_ssize_t retry = _first_run(job, m)
     _cache_init(&cache, job.pure)
     try:
-        j = 0
         while j < m:
-            if (is_list or is_tuple) and j >= retry:
+            if seq and j >= retry:
                 retry = _run_from(job, &cache, reqs, rows, m, &j)
                 if j >= m:
                     break
             pos = rows[j]
             j += 1
-            if is_list and 0 <= pos < PyList_GET_SIZE(reqs):
-                req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
-                _row(job, &cache, req, pos)
-            elif is_tuple and 0 <= pos < PyTuple_GET_SIZE(reqs):
-                req = <object>PyTuple_GET_ITEM(reqs, pos)  # a reference of our own
+            if seq and 0 <= pos < _size(reqs):
+                req = <object>PySequence_Fast_ITEMS(reqs)[pos]  # a reference of our own
                 _row(job, &cache, req, pos)
             else:
                 _row(job, &cache, _item(&cache, reqs, pos), pos)
@@ -958,6 +917,7 @@ cdef int _job_init(Job *job, Kind kind, int64_t p, int64_t r, object layout,
     job.count = 0
     job.row = job.rows = 0
     job.backward = False
+    job.own_out = True
     job.cur = job.nxt = NULL
     job.cur32 = job.nxt32 = False
     job.beam_total = NULL
@@ -1072,6 +1032,7 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_
     if not (_plan_buffer(cur_buf, m) and _plan_buffer(nxt_buf, m)):
         raise TypeError("out: internal error, the checked buffers are not writable int arrays")
     job.rows = m
+    job.own_out = out is None
     job.cur = cnp.PyArray_DATA(cur_buf)
     job.nxt = cnp.PyArray_DATA(nxt_buf)
     job.cur32 = cnp.PyArray_ITEMSIZE(cur_buf) == 4

@@ -33,21 +33,21 @@ __all__ = list(WRITE_FUNCTIONS)
 
 
 cdef extern from "reqwrite.h":
-    ctypedef struct kw_step:
+    ctypedef struct kv_known:
         pass
-    ctypedef struct kw_ctx:
+    ctypedef struct kv_ctx:
         pass
-    void kw_ctx_init(kw_ctx *cx, int pure)
-    void kw_ctx_end(kw_ctx *cx)
+    void kv_ctx_init(kv_ctx *cx, int pure)
+    void kv_ctx_end(kv_ctx *cx)
     bint kw_interned(PyObject *s)
-    void kw_step_init(kw_step *s, PyObject *name)
-    Py_ssize_t kw_check_add(kw_ctx *cx, PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
+    void kv_known_init(kv_known *s, PyObject *name)
+    Py_ssize_t kw_check_add(kv_ctx *cx, PyObject *reqs, kv_known *steps, const Py_ssize_t *ends,
                             Py_ssize_t npaths)
-    int kw_add_all(kw_ctx *cx, PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
+    int kw_add_all(kv_ctx *cx, PyObject *reqs, kv_known *steps, const Py_ssize_t *ends,
                    Py_ssize_t npaths, PyObject *delta, unsigned char *reuse) except -1
-    Py_ssize_t kw_check_max(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *steps,
+    Py_ssize_t kw_check_max(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *steps,
                             Py_ssize_t n)
-    int kw_max_all(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *steps, Py_ssize_t n,
+    int kw_max_all(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *steps, Py_ssize_t n,
                    int strict) except -1
 
 # The instance-dict entry read, as in kvest._reqs (reqroute.h).
@@ -179,14 +179,14 @@ def add_to_attrs(reqs, paths, delta, *, pure=False):
     cdef tuple path
     for path in norm:
         total += len(path)
-    cdef kw_step small[SMALL_STEPS]
+    cdef kv_known small[SMALL_STEPS]
     cdef Py_ssize_t small_ends[SMALL_PATHS]
     cdef unsigned char small_reuse[SMALL_PATHS]
-    cdef kw_step *steps = small
+    cdef kv_known *steps = small
     cdef Py_ssize_t *ends = small_ends
     cdef unsigned char *reuse = small_reuse
     if total > SMALL_STEPS or npaths > SMALL_PATHS:
-        steps = <kw_step *>PyMem_Malloc(max(total, 1) * sizeof(kw_step))
+        steps = <kv_known *>PyMem_Malloc(max(total, 1) * sizeof(kv_known))
         ends = <Py_ssize_t *>PyMem_Malloc(max(npaths, 1) * sizeof(Py_ssize_t))
         reuse = <unsigned char *>PyMem_Malloc(max(npaths, 1))
         if steps == NULL or ends == NULL or reuse == NULL:
@@ -194,14 +194,14 @@ def add_to_attrs(reqs, paths, delta, *, pure=False):
             PyMem_Free(ends)
             PyMem_Free(reuse)
             raise MemoryError()
-    cdef kw_ctx cx
+    cdef kv_ctx cx
     cdef Py_ssize_t bad
-    kw_ctx_init(&cx, is_pure)
+    kv_ctx_init(&cx, is_pure)
     try:
         for k in range(npaths):
             path = norm[k]
             for j in range(len(path)):
-                kw_step_init(&steps[at], <PyObject *>path[j])  # norm holds the names
+                kv_known_init(&steps[at], <PyObject *>path[j])  # norm holds the names
                 at += 1
             ends[k] = at
         if is_pure:
@@ -212,7 +212,7 @@ def add_to_attrs(reqs, paths, delta, *, pure=False):
                 raise impure_request(bad, "written")
         kw_add_all(&cx, <PyObject *>reqs, steps, ends, npaths, <PyObject *>delta, reuse)
     finally:
-        kw_ctx_end(&cx)  # collections as they were, whatever happened
+        kv_ctx_end(&cx)  # collections as they were, whatever happened
         if steps != small:
             PyMem_Free(steps)
             PyMem_Free(ends)
@@ -245,19 +245,19 @@ def max_into_attr(reqs, path, values, *, strict=True, pure=False):
         pure_values(values, "values")
     cdef tuple names = path if _ready(path) else _names(path, "path")
     cdef bint is_strict = _flag(strict, "strict")
-    cdef kw_ctx cx
+    cdef kv_ctx cx
     cdef Py_ssize_t bad
     cdef Py_ssize_t n = len(names), j
-    cdef kw_step small[SMALL_STEPS]
-    cdef kw_step *steps = small
+    cdef kv_known small[SMALL_STEPS]
+    cdef kv_known *steps = small
     if n > SMALL_STEPS:
-        steps = <kw_step *>PyMem_Malloc(n * sizeof(kw_step))
+        steps = <kv_known *>PyMem_Malloc(n * sizeof(kv_known))
         if steps == NULL:
             raise MemoryError()
-    kw_ctx_init(&cx, is_pure)
+    kv_ctx_init(&cx, is_pure)
     try:
         for j in range(n):
-            kw_step_init(&steps[j], <PyObject *>names[j])  # names holds them
+            kv_known_init(&steps[j], <PyObject *>names[j])  # names holds them
         if is_pure:
             if is_strict and len(reqs) != len(values):
                 raise impure_argument("values")  # zip's ValueError after the pairs
@@ -267,6 +267,6 @@ def max_into_attr(reqs, path, values, *, strict=True, pure=False):
                 raise impure_request(bad, "written")
         kw_max_all(&cx, <PyObject *>reqs, <PyObject *>values, steps, n, is_strict)
     finally:
-        kw_ctx_end(&cx)  # collections as they were, whatever happened
+        kv_ctx_end(&cx)  # collections as they were, whatever happened
         if steps != small:
             PyMem_Free(steps)

@@ -127,10 +127,29 @@ static PyObject *kv_type_lookup(PyTypeObject *t, PyObject *name, int *unknown)
 }
 #endif
 
+#if KV_SHORTCUTS
+/* Whether t's __dict__ is the interpreter's own: the MRO's first __dict__ a
+ * getset descriptor of that name, or none on a type without instance dicts. */
+static int kv_plain_dict(PyTypeObject *t)
+{
+    static PyObject *dict_name;
+    int unknown = 0;
+    if (dict_name == NULL && (dict_name = PyUnicode_InternFromString("__dict__")) == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *d = kv_type_lookup(t, dict_name, &unknown); /* borrowed */
+    if (unknown) return 0;
+    if (d == NULL) return t->tp_dictoffset == 0;
+    return Py_IS_TYPE(d, &PyGetSetDescr_Type)
+           && PyUnicode_CompareWithASCIIString(((PyDescrObject *)d)->d_name, "__dict__") == 0;
+}
+#endif
+
 /* The route of name (an exact, interned str, or anything else: generic) on t,
  * for a call in pure mode or not (behind the fence only pure mode takes
  * routes: nothing tells there whether a type changed while Python code ran).
- * Worked out here; kv_route_resolve below keeps it past the call. */
+ * Worked out here; kv_resolve below keeps it past the call. */
 static void kv_route_work_out(kv_route *r, PyTypeObject *t, PyObject *name, int pure)
 {
     r->get = r->set = KV_ROUTE_GENERIC;
@@ -152,6 +171,11 @@ static void kv_route_work_out(kv_route *r, PyTypeObject *t, PyObject *name, int 
     PyObject *descr = kv_type_lookup(t, name, &unknown); /* borrowed */
     if (unknown) return;
     if (descr == NULL) {
+        /* The instance dict generic getattr reads is where _PyObject_GetDictPtr
+         * looks; trusted only where the class's own __dict__ says the same
+         * (what the twin can see): the interpreter's getset, or none at all
+         * on a type whose instances have no dict. */
+        if (!kv_plain_dict(t)) return;
         if (get_generic) r->get = KV_ROUTE_DICT;
         if (set_generic) r->set = KV_ROUTE_DICT;
     } else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
@@ -192,104 +216,97 @@ KV_HOT int kv_route_current(PyTypeObject *known, unsigned int version, PyTypeObj
     return known == t && kv_tag_valid(t) && kv_tag(t) == version;
 }
 
-/* Routes kept past a call, keyed by type, version tag and name, for the
- * readers, the writers and kv_plain_attr alike (behind the fence none: a tag
- * keys nothing past a call there, typetag.h). */
-#if KV_SHORTCUTS && KV_PRIVATE
-#define KV_ROUTES_KEPT 16
+/* What is known of one name on one type: its route, and (KV_ROUTE_DICT) where
+ * the name sat in the last instance dict that had it, a PyDict_Next position
+ * or -1.  A hint is only a guess: a probe there counts only if the key found
+ * is the name itself (kv_dict_at), so a stale one costs a search, never a
+ * wrong value.  Trusted while `type` holds tag `version`. */
 typedef struct {
-    PyTypeObject *type; /* compared, never dereferenced */
+    PyTypeObject *type; /* compared, never dereferenced; NULL: nothing known */
     unsigned int version;
-    PyObject *name;
+    PyObject *name; /* borrowed: the caller's interned name */
     kv_route route;
-} kv_route_kept;
-static kv_route_kept kv_routes_kept[KV_ROUTES_KEPT];
-static int kv_routes_next;
-#endif
-
-/* kv_route_work_out's route, kept past the call where t has a version tag. */
-static void kv_route_resolve(kv_route *r, PyTypeObject *t, PyObject *name, int pure)
-{
-#if KV_SHORTCUTS && KV_PRIVATE
-    if (kv_tag_valid(t))
-        for (int i = 0; i < KV_ROUTES_KEPT; i++) {
-            kv_route_kept *e = &kv_routes_kept[i];
-            if (e->name == name && kv_route_current(e->type, e->version, t)) {
-                *r = e->route;
-                return;
-            }
-        }
-#endif
-    kv_route_work_out(r, t, name, pure);
-#if KV_SHORTCUTS && KV_PRIVATE
-    /* The lookups assign a version tag if the type can have one. */
-    if (kv_tag_valid(t)) {
-        kv_route_kept *e = &kv_routes_kept[kv_routes_next];
-        kv_routes_next = (kv_routes_next + 1) % KV_ROUTES_KEPT;
-        e->type = t;
-        e->version = kv_tag(t);
-        e->name = name;
-        e->route = *r;
-    }
-#endif
-}
-
-/* ------------------------------------------------------------- dict hints */
-
-/* Instances of one class build their __dict__ in the same order, so a name
- * sits at the same position in each: a hint is that position (a PyDict_Next
- * position), kept past a call here, keyed by type, version tag and name
- * (compared, never dereferenced).  A hint is only a guess: a probe there
- * counts only if the key found is the name itself, so a stale one costs a
- * search, never a wrong value.  Without shortcuts nothing reads them. */
-#if KV_SHORTCUTS
-#define KV_HINT_SLOTS 16
-typedef struct {
-    PyTypeObject *type;
-    unsigned int version;
-    PyObject *name;
     Py_ssize_t hint;
-} kv_hint_entry;
-static kv_hint_entry kv_hints[KV_HINT_SLOTS];
-static int kv_hints_next;
-#endif
+} kv_known;
 
-/* The hint kept for name on t (under tag version), or -1. */
-static Py_ssize_t kv_hint_find(PyTypeObject *t, unsigned int version, PyObject *name)
+/* The memo: what is known, kept past a call, one entry per (type, version
+ * tag, name), for the readers, the writers and kv_plain_attr alike: sets of
+ * KV_MEMO_WAYS entries, a (type, name) always in the same set, each set
+ * replacing its oldest entry.  A batch's few types and names never crowd one
+ * another out.  Behind the fence none (a tag keys nothing past a call there,
+ * typetag.h). */
+#if KV_SHORTCUTS && KV_PRIVATE
+#define KV_MEMO 1
+#define KV_MEMO_SETS 16
+#define KV_MEMO_WAYS 8
+static kv_known kv_memo[KV_MEMO_SETS][KV_MEMO_WAYS];
+static unsigned char kv_memo_next[KV_MEMO_SETS];
+
+KV_HOT unsigned int kv_memo_set(PyTypeObject *t, PyObject *name)
 {
-#if KV_SHORTCUTS
-    for (int i = 0; i < KV_HINT_SLOTS; i++)
-        if (kv_hints[i].type == t && kv_hints[i].version == version && kv_hints[i].name == name)
-            return kv_hints[i].hint;
-#else
-    (void)t;
-    (void)version;
-    (void)name;
-#endif
-    return -1;
+    uint64_t h = ((uint64_t)(uintptr_t)t ^ ((uint64_t)(uintptr_t)name << 1)) * 0x9E3779B97F4A7C15u;
+    return (unsigned int)(h >> 60); /* the top 4 bits: KV_MEMO_SETS */
 }
 
-static void kv_hint_keep(PyTypeObject *t, unsigned int version, PyObject *name, Py_ssize_t pos)
+/* The entry for (t, name) under t's current tag, or NULL. */
+KV_HOT kv_known *kv_memo_find(PyTypeObject *t, PyObject *name)
 {
-#if KV_SHORTCUTS
-    kv_hint_entry *e = NULL;
-    if (t == NULL) return; /* a type without a version tag: nothing to key it by */
-    for (int i = 0; i < KV_HINT_SLOTS; i++)
-        if (kv_hints[i].type == t && kv_hints[i].version == version && kv_hints[i].name == name)
-            e = &kv_hints[i];
-    if (e == NULL) {
-        e = &kv_hints[kv_hints_next];
-        kv_hints_next = (kv_hints_next + 1) % KV_HINT_SLOTS;
+    kv_known *set = kv_memo[kv_memo_set(t, name)];
+    for (int i = 0; i < KV_MEMO_WAYS; i++)
+        if (set[i].name == name && kv_route_current(set[i].type, set[i].version, t))
+            return &set[i];
+    return NULL;
+}
+
+/* k kept in the memo: over its own entry, or the set's oldest.  An entry
+ * holds its name, so that no other string can take the name's address while
+ * the entry stands for it (a str's release runs no Python code). */
+static void kv_memo_keep(const kv_known *k)
+{
+    kv_known *m = kv_memo_find(k->type, k->name);
+    if (m == NULL) {
+        unsigned int at = kv_memo_set(k->type, k->name);
+        m = &kv_memo[at][kv_memo_next[at]];
+        kv_memo_next[at] = (unsigned char)((kv_memo_next[at] + 1) % KV_MEMO_WAYS);
     }
-    e->type = t;
-    e->version = version;
-    e->name = name;
-    e->hint = pos;
+    PyObject *old = m->name;
+    *m = *k;
+    Py_INCREF(m->name);
+    Py_XDECREF(old);
+}
 #else
-    (void)t;
-    (void)version;
-    (void)name;
-    (void)pos;
+#define KV_MEMO 0
+#endif
+
+/* The one resolver: *k made what is known of name on t (the memo's entry, or
+ * worked out and kept there where t has a version tag). */
+static void kv_resolve(kv_known *k, PyTypeObject *t, PyObject *name, int pure)
+{
+#if KV_MEMO
+    kv_known *m = kv_tag_valid(t) ? kv_memo_find(t, name) : NULL;
+    if (m != NULL) {
+        *k = *m;
+        return;
+    }
+#endif
+    k->name = name;
+    k->hint = -1;
+    kv_route_work_out(&k->route, t, name, pure);
+    /* The lookups assign a version tag if the type can have one; without one
+     * nothing is trusted past this use, and the route is worked out again. */
+    k->type = kv_tag_valid(t) ? t : NULL;
+    k->version = k->type ? kv_tag(t) : 0;
+#if KV_MEMO
+    if (k->type) kv_memo_keep(k);
+#endif
+}
+
+/* k's name found at pos in an instance dict: k's hint, and the memo's. */
+static void kv_learned(kv_known *k, Py_ssize_t pos)
+{
+    k->hint = pos;
+#if KV_MEMO
+    if (k->type) kv_memo_keep(k);
 #endif
 }
 
@@ -316,13 +333,19 @@ KV_HOT int kv_small_int(PyObject *v, long long *x)
     return 0;
 }
 
-/* dict's value for name when name sits at hint `pos` (borrowed), else NULL.
- * Keys are unique: the name found there is the dict's entry for it, and a
- * probe that misses only costs the caller a search.  PyDict_Next reads
- * without running any code; on 3.11 to 3.13 (GIL builds, KV_PRIVATE) a
- * combined table's entry is read where the dict keeps it -- CPython's own
- * layout (Include/internal/pycore_dict.h), only its fields read here -- once
- * kv_dict_entries_check() has found that read to agree with PyDict_Next. */
+/* dict's value for name when name sits at hint `pos` (borrowed), else NULL:
+ * exactly what CPython's own lookup gives, or NULL for "ask the lookup".
+ * Keys are unique, so the name found there is the dict's entry for it -- but
+ * the lookup may meet another key first and compare it with its own __eq__
+ * (a key that is not an exact str, hashing like name), which may answer
+ * otherwise.  So a dict whose keys may not all be exact str is never read
+ * here.  Only on 3.11 to 3.13 (GIL builds, KV_PRIVATE) does a dict say that
+ * of itself (its keys' kind), and there a combined table's entry is read
+ * where the dict keeps it -- CPython's own layout
+ * (Include/internal/pycore_dict.h), only its fields read here -- once
+ * kv_dict_entries_check() has found that read to agree with PyDict_Next;
+ * a split table (shared keys: str only) is read with PyDict_Next.  Elsewhere
+ * nothing is read here. */
 static int kv_dict_entries_ok; /* set once kv_dict_entries_check() agrees */
 #if KV_SHORTCUTS && KV_PRIVATE && PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
 #define KV_DICT_ENTRIES 1
@@ -333,47 +356,52 @@ typedef struct {
     Py_ssize_t usable, nentries;
     char indices[];
 } kv_dict_keys;
+enum { KV_KEYS_GENERAL = 0, KV_KEYS_STR = 1, KV_KEYS_SPLIT = 2 }; /* DictKeysKind */
 typedef struct {
     Py_hash_t hash;
     PyObject *key, *value;
 } kv_dict_entry; /* kind 0: keys of any type */
 typedef struct {
     PyObject *key, *value;
-} kv_dict_str_entry; /* kind 1: str keys only */
+} kv_dict_str_entry; /* kinds 1 and 2: exact str keys only */
 
+/* The entry at pos of a combined table (any kind: the import check reads
+ * both), or NULL with *known 0 where the table is not one. */
 KV_HOT PyObject *kv_dict_entry_at(PyObject *dict, Py_ssize_t pos, PyObject *name,
-                                         int *known)
+                                  int *known)
 {
     PyDictObject *d = (PyDictObject *)dict;
     kv_dict_keys *k = (kv_dict_keys *)d->ma_keys;
     *known = 0;
-    if (d->ma_values != NULL || pos >= k->nentries || k->kind > 1) return NULL;
+    if (d->ma_values != NULL || pos >= k->nentries || k->kind > KV_KEYS_STR) return NULL;
     *known = 1;
     char *entries = k->indices + ((size_t)1 << k->log2_index_bytes);
-    if (k->kind == 1) {
+    if (k->kind == KV_KEYS_STR) {
         kv_dict_str_entry *e = (kv_dict_str_entry *)entries + pos;
         return e->key == name ? e->value : NULL;
     }
     kv_dict_entry *e = (kv_dict_entry *)entries + pos;
     return e->key == name ? e->value : NULL;
 }
-#else
-#define KV_DICT_ENTRIES 0
-#endif
 
-#if KV_SHORTCUTS
 KV_HOT PyObject *kv_dict_at(PyObject *dict, Py_ssize_t pos, PyObject *name)
 {
     PyObject *key, *v;
-    if (pos < 0) return NULL;
-#if KV_DICT_ENTRIES
-    if (kv_dict_entries_ok) {
-        int known;
-        v = kv_dict_entry_at(dict, pos, name, &known);
-        if (known) return v;
-    }
-#endif
-    if (PyDict_Next(dict, &pos, &key, &v) && key == name) return v;
+    int known;
+    if (pos < 0 || !kv_dict_entries_ok) return NULL;
+    if (((kv_dict_keys *)((PyDictObject *)dict)->ma_keys)->kind == KV_KEYS_GENERAL) return NULL;
+    v = kv_dict_entry_at(dict, pos, name, &known);
+    if (known) return v;
+    if (PyDict_Next(dict, &pos, &key, &v) && key == name) return v; /* split: str keys */
+    return NULL;
+}
+#else
+#define KV_DICT_ENTRIES 0
+KV_HOT PyObject *kv_dict_at(PyObject *dict, Py_ssize_t pos, PyObject *name)
+{
+    (void)dict;
+    (void)pos;
+    (void)name;
     return NULL;
 }
 #endif
@@ -424,6 +452,7 @@ static int kv_dict_entries_check(void)
     return 0;
 }
 
+#if KV_DICT_ENTRIES
 /* Where name sits in dict (which holds it under that very key), or -1. */
 static Py_ssize_t kv_dict_position(PyObject *dict, PyObject *name)
 {
@@ -433,6 +462,7 @@ static Py_ssize_t kv_dict_position(PyObject *dict, PyObject *name)
         if (key == name) return pos - 1;
     return -1;
 }
+#endif
 
 /* ------------------------------------------------------------ collections */
 
@@ -464,6 +494,41 @@ static inline void kv_gc_let(kv_gc *g)
         g->held = 0;
         if (g->saved) PyGC_Enable();
     }
+}
+
+/* A call's own context, the readers' and the writers' alike: its collector
+ * hold, its mode (pure: reads that run no code of the caller's), and the
+ * dict searches it may still make to learn a hint.  Each call keeps one on
+ * its stack and shares it with no other: so what the collector is when the
+ * caller's code runs (and another thread can) is the caller's own state. */
+typedef struct {
+    kv_gc gc;
+    int pure;
+    int learn;
+} kv_ctx;
+
+static inline void kv_ctx_init(kv_ctx *cx, int pure)
+{
+    kv_gc_init(&cx->gc);
+    cx->pure = pure;
+    cx->learn = 4;
+}
+
+/* After a lookup found k's name in dict (which holds it): where it sits,
+ * learned as k's hint, while the call's budget of searches lasts (where a
+ * hint is read at all: kv_dict_at). */
+static void kv_learn(kv_ctx *cx, kv_known *k, PyObject *dict)
+{
+#if KV_DICT_ENTRIES
+    if (cx->learn <= 0) return;
+    cx->learn--;
+    Py_ssize_t pos = kv_dict_position(dict, k->name);
+    if (pos >= 0) kv_learned(k, pos);
+#else
+    (void)cx;
+    (void)k;
+    (void)dict;
+#endif
 }
 
 #if KV_SHORTCUTS
@@ -515,30 +580,36 @@ KV_HOT PyObject *kv_slot_get(const kv_route *r, PyObject *obj, PyObject *name)
 
 /* ------------------------------------------------------- pure dict reads */
 
+/* Whether a dict's lookup compares key, if it meets it, with no code of the
+ * caller's: an exact str or an exact int (their own comparisons). */
+static inline int kv_plain_key(PyObject *key)
+{
+    return PyUnicode_CheckExact(key) || PyLong_CheckExact(key);
+}
+
 /* dict's entry for name (an exact str) found without a lookup, so that no
  * key's __eq__ or __hash__ runs: a key that is name itself or an equal exact
  * str.  1 with the value (borrowed) and its PyDict_Next position in *at;
- * 0 when no key is; KV_IMPURE when no key is but one that is not an exact str
- * could stand for it (the generic lookup would compare it its own way). */
+ * 0 when no key is; KV_IMPURE when any key is not plain (kv_plain_key): the
+ * lookup may compare it with its own __eq__, found or not, and that may
+ * answer. */
 static int kv_dict_scan(PyObject *dict, PyObject *name, PyObject **value, Py_ssize_t *at)
 {
-    Py_ssize_t pos = 0, len = PyUnicode_GET_LENGTH(name);
-    PyObject *key, *v;
-    int odd = 0;
+    Py_ssize_t pos = 0, len = PyUnicode_GET_LENGTH(name), found = -1;
+    PyObject *key, *v, *hit = NULL;
     while (PyDict_Next(dict, &pos, &key, &v)) {
-        if (key == name) goto found;
-        if (!PyUnicode_CheckExact(key)) {
-            odd = 1;
-        } else if (PyUnicode_GET_LENGTH(key) == len && PyUnicode_Compare(key, name) == 0) {
-            goto found;
+        if (!kv_plain_key(key)) return KV_IMPURE;
+        if (!PyUnicode_CheckExact(key)) continue;
+        if (found < 0 && (key == name || (PyUnicode_GET_LENGTH(key) == len
+                                          && PyUnicode_Compare(key, name) == 0))) {
+            found = pos - 1;
+            hit = v;
         }
-        continue;
-    found:
-        *value = v;
-        *at = pos - 1;
-        return 1;
     }
-    return odd ? KV_IMPURE : 0;
+    if (found < 0) return 0;
+    *value = hit;
+    *at = found;
+    return 1;
 }
 
 /* obj.<name> when reading it runs no Python code: the instance's own value
@@ -549,20 +620,17 @@ static int kv_dict_scan(PyObject *dict, PyObject *name, PyObject **value, Py_ssi
 static PyObject *kv_plain_attr(PyObject *obj, PyObject *name, kv_gc *g)
 {
 #if KV_SHORTCUTS
-    kv_route r;
-    PyTypeObject *t = Py_TYPE(obj);
-    kv_route_resolve(&r, t, name, 1);
-    if (r.get == KV_ROUTE_MEMBER) return kv_slot_get(&r, obj, name);
-    if (r.get == KV_ROUTE_DICT) {
+    kv_known k;
+    kv_resolve(&k, Py_TYPE(obj), name, 1);
+    if (k.route.get == KV_ROUTE_MEMBER) return kv_slot_get(&k.route, obj, name);
+    if (k.route.get == KV_ROUTE_DICT) {
         PyObject **dictptr = kv_dictptr(g, obj), *v;
         Py_ssize_t at;
         if (dictptr == NULL || *dictptr == NULL) return NULL;
-        int tagged = kv_tag_valid(t);
-        unsigned int tag = kv_tag(t);
-        v = kv_dict_at(*dictptr, tagged ? kv_hint_find(t, tag, name) : -1, name);
+        v = kv_dict_at(*dictptr, k.hint, name);
         if (v != NULL) return v;
         if (kv_dict_scan(*dictptr, name, &v, &at) != 1) return NULL;
-        if (tagged) kv_hint_keep(t, tag, name, at);
+        kv_learned(&k, at);
         return v;
     }
 #else
@@ -573,14 +641,14 @@ static PyObject *kv_plain_attr(PyObject *obj, PyObject *name, kv_gc *g)
     return NULL;
 }
 
-/* Whether every key of dict is an exact str: then storing into it compares
- * keys with no code of the caller's. */
+/* Whether every key of dict is plain (kv_plain_key): then storing into it
+ * compares keys with no code of the caller's. */
 static int kv_dict_str_keys(PyObject *dict)
 {
     Py_ssize_t pos = 0;
     PyObject *key, *v;
     while (PyDict_Next(dict, &pos, &key, &v))
-        if (!PyUnicode_CheckExact(key)) return 0;
+        if (!kv_plain_key(key)) return 0;
     return 1;
 }
 

@@ -20,7 +20,7 @@
  * in use.  No int object is ever changed: a sum is a new int, as CPython's
  * `+=` makes it.
  *
- * Pure mode (kw_ctx.pure, the writers' pure=True): every read is one that
+ * Pure mode (kv_ctx.pure, the writers' pure=True): every read is one that
  * runs no code of the caller's (a slot, an instance-dict entry found without
  * a lookup), and the whole batch is checked (kw_check_add / kw_check_max)
  * before anything is written: each owner read so, each value an exact int in
@@ -36,33 +36,8 @@
 
 #include "reqroute.h"
 
-/* One attribute name of one path, with the route last worked out for it. */
-typedef struct {
-    PyObject *name;     /* borrowed: the caller's normalised paths hold it */
-    PyTypeObject *type; /* borrowed, compared only; NULL: nothing worked out */
-    unsigned int version;
-    kv_route route;
-    /* KV_ROUTE_DICT: where the name sat in the last instance dict that had
-     * it (a PyDict_Next position), or -1; checked on use (reqroute.h). */
-    Py_ssize_t hint;
-} kw_step;
-
-/* What one call shares: its collector hold, its mode, its hint budget. */
-typedef struct {
-    kv_gc gc;
-    int pure;  /* pure mode: reads that run no code of the caller's */
-    int learn; /* dict scans this call may still make to find a hint */
-} kw_ctx;
-
-static inline void kw_ctx_init(kw_ctx *cx, int pure)
-{
-    kv_gc_init(&cx->gc);
-    cx->pure = pure;
-    cx->learn = 4;
-}
-
 /* When the call ends, whatever happened: collections as they were. */
-static inline void kw_ctx_end(kw_ctx *cx)
+static inline void kv_ctx_end(kv_ctx *cx)
 {
     kv_gc_let(&cx->gc);
 }
@@ -74,42 +49,23 @@ static inline int kw_interned(PyObject *s)
     return PyUnicode_CHECK_INTERNED(s) != 0;
 }
 
-static inline void kw_step_init(kw_step *s, PyObject *name)
+/* One attribute name of one path, nothing known of it yet: the walk learns
+ * what is known of it on each type it meets there (kv_route). */
+static inline void kv_known_init(kv_known *s, PyObject *name)
 {
     memset(s, 0, sizeof(*s));
     s->name = name;
     s->hint = -1;
 }
 
-static void kw_resolve(kw_step *s, PyTypeObject *t, int pure)
+static inline void kw_route(const kv_ctx *cx, kv_known *s, PyTypeObject *t)
 {
-    s->type = NULL;
-    s->hint = -1;
-    kv_route_resolve(&s->route, t, s->name, pure);
-    /* The lookup assigns a version tag if the type can have one; without one
-     * the route is worked out again before each use. */
-    if (kv_tag_valid(t)) {
-        s->type = t;
-        s->version = kv_tag(t);
-        if (s->route.get == KV_ROUTE_DICT || s->route.set == KV_ROUTE_DICT)
-            s->hint = kv_hint_find(t, s->version, s->name);
-    }
-}
-
-static inline void kw_route(const kw_ctx *cx, kw_step *s, PyTypeObject *t)
-{
-    if (!kv_route_current(s->type, s->version, t)) kw_resolve(s, t, cx->pure);
-}
-
-static inline void kw_keep(kw_step *s, Py_ssize_t pos)
-{
-    s->hint = pos;
-    kv_hint_keep(s->type, s->version, s->name, pos);
+    if (!kv_route_current(s->type, s->version, t)) kv_resolve(s, t, s->name, cx->pure);
 }
 
 #if KV_SHORTCUTS
 /* dict's value for s->name when it sits at s's hint (borrowed), else NULL. */
-static inline PyObject *kw_at_hint(const kw_step *s, PyObject *dict)
+static inline PyObject *kw_at_hint(const kv_known *s, PyObject *dict)
 {
     return kv_dict_at(dict, s->hint, s->name); /* reqroute.h */
 }
@@ -119,7 +75,7 @@ static inline PyObject *kw_at_hint(const kw_step *s, PyObject *dict)
  * or, in pure mode, NULL with nothing set when the read would need code of
  * the caller's (or would raise).  *pure is cleared unless the read ran no
  * Python code at all, so that reading it again would give the same object. */
-static inline PyObject *kw_get(kw_ctx *cx, kw_step *s, PyObject *obj, int *pure)
+static inline PyObject *kw_get(kv_ctx *cx, kv_known *s, PyObject *obj, int *pure)
 {
     kw_route(cx, s, Py_TYPE(obj));
 #if KV_SHORTCUTS
@@ -134,7 +90,7 @@ static inline PyObject *kw_get(kw_ctx *cx, kw_step *s, PyObject *obj, int *pure)
             if (cx->pure) {
                 Py_ssize_t at;
                 if (kv_dict_scan(dict, s->name, &v, &at) != 1) return NULL;
-                kw_keep(s, at);
+                kv_learned(s, at);
                 return Py_NewRef(v);
             }
             *pure = 0;
@@ -143,11 +99,7 @@ static inline PyObject *kw_get(kw_ctx *cx, kw_step *s, PyObject *obj, int *pure)
             Py_INCREF(dict);
             v = PyDict_GetItemWithError(dict, s->name); /* borrowed */
             Py_XINCREF(v);
-            if (v != NULL && cx->learn > 0) {
-                cx->learn--;
-                Py_ssize_t at = kv_dict_position(dict, s->name);
-                if (at >= 0) kw_keep(s, at);
-            }
+            if (v != NULL) kv_learn(cx, s, dict);
             Py_DECREF(dict);
             if (v != NULL || PyErr_Occurred()) return v;
         }
@@ -162,7 +114,7 @@ static inline PyObject *kw_get(kw_ctx *cx, kw_step *s, PyObject *obj, int *pure)
 /* setattr(obj, s->name, value): 0, or -1 with the exception set.  *pure is
  * cleared unless the write ran no Python code (a slot whose old value was
  * NULL or an exact int, whose release runs nothing). */
-static inline int kw_set(kw_ctx *cx, kw_step *s, PyObject *obj, PyObject *value, int *pure)
+static inline int kw_set(kv_ctx *cx, kv_known *s, PyObject *obj, PyObject *value, int *pure)
 {
     kw_route(cx, s, Py_TYPE(obj));
 #if KV_SHORTCUTS
@@ -215,7 +167,7 @@ static PyObject *kw_unexpected(PyObject *v)
 
 /* req.<steps[0]>...<steps[n-2]>: the object holding the path's last name (a
  * new reference), or NULL with the exception set (pure mode: maybe not). */
-static inline PyObject *kw_owner(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+static inline PyObject *kw_owner(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
                                  int *pure)
 {
     PyObject *obj = Py_NewRef(req);
@@ -265,7 +217,7 @@ static inline int kw_int64(PyObject *v)
  * when Python's operator ran (which may run any code).  The sum is always a
  * new int (or a shared small one), made while v is still held, as CPython's
  * own `+=` makes it: no int object is ever changed. */
-static inline PyObject *kw_iadd(kw_ctx *cx, PyObject *v, const kw_delta *dl, int *pure)
+static inline PyObject *kw_iadd(kv_ctx *cx, PyObject *v, const kw_delta *dl, int *pure)
 {
     if (dl->fast && PyLong_CheckExact(v)) {
         int overflow = 0;
@@ -289,12 +241,12 @@ static inline PyObject *kw_iadd(kw_ctx *cx, PyObject *v, const kw_delta *dl, int
  * code of the caller's and without raising: each owner read so, the value an
  * exact int in int64, the store a slot or a dict whose keys are all exact str
  * (its search then compares none with code of its own). */
-static int kw_check_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req)
+static int kw_check_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req)
 {
     int pure = 1, ok = 0;
     PyObject *obj = kw_owner(cx, steps, n, req, &pure), *v;
     if (obj == NULL) return 0;
-    kw_step *s = &steps[n - 1];
+    kv_known *s = &steps[n - 1];
     v = kw_get(cx, s, obj, &pure);
     if (v != NULL && kw_int64(v)) {
         /* kw_get left s's route current for obj's type. */
@@ -318,7 +270,7 @@ static int kw_check_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req
  * Python code has run since it was read, so reading them again would give
  * it), read afresh otherwise.  On return *owner holds it (a new reference,
  * or NULL) and *pure says whether no Python code has run since it was read. */
-static inline int kw_add_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+static inline int kw_add_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
                               const kw_delta *dl, PyObject **owner, int reuse, int *pure)
 {
     if (!(reuse && *owner != NULL && *pure)) {
@@ -351,13 +303,13 @@ static inline int kw_add_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject
  * behind the fence, which takes no route outside pure mode).  Runs no Python
  * code and takes no reference.  *owner, when not NULL, is the owner already
  * read (the walk is skipped), and is set to it. */
-static inline PyObject **kw_quick_slot(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+static inline PyObject **kw_quick_slot(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
                                        PyObject **owner)
 {
 #if KV_SHORTCUTS && KV_PRIVATE
     PyObject *obj = *owner != NULL ? *owner : req, **slot;
     for (Py_ssize_t i = 0; *owner == NULL && i + 1 < n; i++) {
-        kw_step *s = &steps[i];
+        kv_known *s = &steps[i];
         PyObject *next = NULL;
         kw_route(cx, s, Py_TYPE(obj)); /* (works out no route by running code) */
         if (s->route.get == KV_ROUTE_MEMBER) {
@@ -369,7 +321,7 @@ static inline PyObject **kw_quick_slot(kw_ctx *cx, kw_step *steps, Py_ssize_t n,
         if (next == NULL) return NULL;
         obj = next;
     }
-    kw_step *s = &steps[n - 1];
+    kv_known *s = &steps[n - 1];
     kw_route(cx, s, Py_TYPE(obj));
     if (s->route.get != KV_ROUTE_MEMBER || s->route.set != KV_ROUTE_MEMBER) return NULL;
     slot = (PyObject **)((char *)obj + s->route.offset);
@@ -386,7 +338,7 @@ static inline PyObject **kw_quick_slot(kw_ctx *cx, kw_step *steps, Py_ssize_t n,
 #endif
 }
 
-static inline int kw_add_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+static inline int kw_add_path_quick(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
                                     const kw_delta *dl, PyObject **owner)
 {
     PyObject *obj = *owner, **slot, *old, *sum;
@@ -411,7 +363,7 @@ static inline int kw_add_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, Py
 }
 
 /* builtins.max(cur, v) (a new reference): v if v > cur is true, else cur. */
-static inline PyObject *kw_max(kw_ctx *cx, PyObject *cur, PyObject *v, int *pure)
+static inline PyObject *kw_max(kv_ctx *cx, PyObject *cur, PyObject *v, int *pure)
 {
     if (PyLong_CheckExact(cur) && PyLong_CheckExact(v)) {
         int o1 = 0, o2 = 0;
@@ -432,7 +384,7 @@ static inline PyObject *kw_max(kw_ctx *cx, PyObject *cur, PyObject *v, int *pure
  * where it is the greater, the old int released: its release runs nothing;
  * else max() gave the slot's own int, and storing it back changes nothing),
  * 0 with nothing changed (kw_max_path then runs). */
-static inline int kw_max_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+static inline int kw_max_path_quick(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
                                     PyObject *v)
 {
     PyObject *owner = NULL, **slot, *cur;
@@ -452,7 +404,7 @@ static inline int kw_max_path_quick(kw_ctx *cx, kw_step *steps, Py_ssize_t n, Py
  * to the owner read again for the store -- unless no Python code ran since
  * it was read, when reading it again would give the same object.  0, or -1
  * with the exception set. */
-static inline int kw_max_path(kw_ctx *cx, kw_step *steps, Py_ssize_t n, PyObject *req,
+static inline int kw_max_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
                               PyObject *v)
 {
     int pure = 1;
@@ -505,7 +457,7 @@ static inline PyObject *kw_item(PyObject *seq, Py_ssize_t pos)
  * list or tuple is indexed, its size read every time as its iterator does;
  * anything else goes through `it`, its iterator.  1 with a new reference in
  * *item, 0 when exhausted, -1 with the exception set. */
-static inline int kw_next(kw_ctx *cx, PyObject *seq, PyObject *it, Py_ssize_t *pos,
+static inline int kw_next(kv_ctx *cx, PyObject *seq, PyObject *it, Py_ssize_t *pos,
                           PyObject **item)
 {
     if (it == NULL) {
@@ -543,7 +495,7 @@ static inline int kw_iter(PyObject *seq, PyObject **it)
 
 /* Whether path k names the same owner as path k - 1: the same names (interned:
  * compared by identity) up to its last. */
-static int kw_same_owner(const kw_step *steps, const Py_ssize_t *ends, Py_ssize_t k)
+static int kw_same_owner(const kv_known *steps, const Py_ssize_t *ends, Py_ssize_t k)
 {
     Py_ssize_t start = k > 1 ? ends[k - 2] : 0, mid = ends[k - 1];
     Py_ssize_t n_prev = mid - start, n = ends[k] - mid;
@@ -556,7 +508,7 @@ static int kw_same_owner(const kw_step *steps, const Py_ssize_t *ends, Py_ssize_
 /* Pure mode, before anything is written: the position of the first request
  * of reqs (an exact list or tuple) whose paths kw_check_path refuses, or -1
  * when every one passes. */
-static Py_ssize_t kw_check_add(kw_ctx *cx, PyObject *reqs, kw_step *steps,
+static Py_ssize_t kw_check_add(kv_ctx *cx, PyObject *reqs, kv_known *steps,
                                const Py_ssize_t *ends, Py_ssize_t npaths)
 {
     int is_list = PyList_CheckExact(reqs);
@@ -580,7 +532,7 @@ static Py_ssize_t kw_check_add(kw_ctx *cx, PyObject *reqs, kw_step *steps,
 
 /* for req in reqs: for each path: req.<path> += delta.
  * steps holds the paths' steps one after another; path k ends at ends[k]. */
-static int kw_add_all(kw_ctx *cx, PyObject *reqs, kw_step *steps, const Py_ssize_t *ends,
+static int kw_add_all(kv_ctx *cx, PyObject *reqs, kv_known *steps, const Py_ssize_t *ends,
                       Py_ssize_t npaths, PyObject *delta, unsigned char *reuse)
 {
     kw_delta dl;
@@ -620,7 +572,7 @@ static int kw_add_all(kw_ctx *cx, PyObject *reqs, kw_step *steps, const Py_ssize
 /* Pure mode, before anything is written: the position of the first pair of
  * reqs and values (exact lists or tuples, values exact ints in int64) whose
  * path kw_check_path refuses, or -1. */
-static Py_ssize_t kw_check_max(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *steps,
+static Py_ssize_t kw_check_max(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *steps,
                                Py_ssize_t n)
 {
     int is_list = PyList_CheckExact(reqs);
@@ -638,7 +590,7 @@ static Py_ssize_t kw_check_max(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_
 
 /* for req, v in zip(reqs, values, strict=strict): req.<path> = max(req.<path>, v)
  * with zip's own order of calls and its own errors. */
-static int kw_max_all(kw_ctx *cx, PyObject *reqs, PyObject *values, kw_step *steps,
+static int kw_max_all(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *steps,
                       Py_ssize_t n, int strict)
 {
     PyObject *it_reqs, *it_values, *req, *v;

@@ -26,6 +26,7 @@ INT64_MIN = -(2**63)
 _mro_of = type.__dict__["__mro__"].__get__
 _dict_of = type.__dict__["__dict__"].__get__
 _flags_of = type.__dict__["__flags__"].__get__
+_dictoffset_of = type.__dict__["__dictoffset__"].__get__
 _OBJ_GETATTRIBUTE = object.__dict__["__getattribute__"]
 _OBJ_SETATTR = object.__dict__["__setattr__"]
 _OBJ_DELATTR = object.__dict__["__delattr__"]
@@ -59,6 +60,8 @@ def route(t: type, name: str) -> tuple[int, int]:
         return GENERIC, GENERIC
     descr = _lookup(mro, name)
     if descr is MISSING:
+        if not _plain_dict(t, mro):
+            return GENERIC, GENERIC
         return (DICT if get_generic else GENERIC), (DICT if set_generic else GENERIC)
     if type(descr) is types.MemberDescriptorType:
         owner = descr.__objclass__
@@ -68,25 +71,39 @@ def route(t: type, name: str) -> tuple[int, int]:
     return GENERIC, GENERIC
 
 
+def _plain_dict(t: type, mro: tuple) -> bool:
+    """kv_plain_dict: whether t's ``__dict__`` is the interpreter's own (the
+    MRO's first a getset descriptor of that name, or none on a type whose
+    instances have no dict), so that the instance dict it gives is the one
+    generic getattr reads."""
+    descr = _lookup(mro, "__dict__")
+    if descr is MISSING:
+        return _dictoffset_of(t) == 0
+    return type(descr) is types.GetSetDescriptorType and descr.__name__ == "__dict__"
+
+
 def _instance_dict(obj: Any) -> Any:
-    """obj's instance dict as _PyObject_GetDictPtr finds it (None: it has none)."""
-    for klass in _mro_of(type(obj)):
-        descr = _lookup((klass,), "__dict__")
-        if type(descr) is types.GetSetDescriptorType and descr.__name__ == "__dict__":
-            return descr.__get__(obj)
-    return None
+    """obj's instance dict as _PyObject_GetDictPtr finds it (None: it has none),
+    on a type whose ``__dict__`` is the interpreter's own (:func:`_plain_dict`)."""
+    descr = _lookup(_mro_of(type(obj)), "__dict__")
+    return None if descr is MISSING else descr.__get__(obj)
+
+
+# Keys a dict's lookup compares with no code of the caller's (kv_plain_key).
+_PLAIN_KEYS = (str, int)
 
 
 def _scan(d: dict, name: str) -> Any:
     """kv_dict_scan: the entry for name found without a lookup, else MISSING, or
-    IMPURE when a key that is not an exact str could stand for it."""
-    odd = False
+    IMPURE when any key is not plain (the lookup may compare it with its own
+    ``__eq__``, found or not)."""
+    found = MISSING
     for key, value in dict.items(d):
-        if key is name or (type(key) is str and key == name):
-            return value
-        if type(key) is not str:
-            odd = True
-    return IMPURE if odd else MISSING
+        if type(key) not in _PLAIN_KEYS:
+            return IMPURE
+        if found is MISSING and type(key) is str and (key is name or key == name):
+            found = value
+    return found
 
 
 def get(obj: Any, name: str) -> Any:
@@ -107,7 +124,7 @@ def get(obj: Any, name: str) -> Any:
 def can_store(obj: Any, name: str) -> bool:
     """Whether setattr(obj, name, int) runs no code of the caller's, obj.<name>
     having been read as an exact int (a slot, or an entry of a dict whose keys
-    are all exact str: the store's search compares them without code)."""
+    are all plain: the store's search compares them without code)."""
     get_how, set_how = route(type(obj), name)
     if set_how != get_how:
         return False
@@ -115,7 +132,7 @@ def can_store(obj: Any, name: str) -> bool:
         return True
     if set_how == DICT:
         d = _instance_dict(obj)
-        return d is not None and all(type(key) is str for key in dict.keys(d))
+        return d is not None and all(type(key) in _PLAIN_KEYS for key in dict.keys(d))
     return False
 
 
