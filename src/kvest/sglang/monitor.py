@@ -41,6 +41,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import kvest
+from kvest.sglang.readout import Status
 from kvest.sglang.registry import ALLOC_SETTINGS_MODULES, HOTSPOTS, Note, NoteKind, State
 
 __all__ = ["Mode", "Spot", "Switch", "status", "switch"]
@@ -286,9 +287,24 @@ def plugins_reason() -> str | None:
     return None
 
 
+def not_run_reason() -> str:
+    """Why kvest does nothing in this process, where its plugin has not run,
+    and what the switches would make of it in a scheduler process."""
+    plugins = plugins_reason()
+    if plugins is not None:
+        there = f"it would not load ({plugins})"
+    else:
+        choice = switch()
+        there = f"it would run in mode {choice.mode} ({choice.reason})"
+    return ("kvest's SGLang plugin has not run in this process: it runs in SGLang's "
+            f"scheduler processes, and in one started here {there}")
+
+
 def status() -> dict[str, Any]:
     """A snapshot of what kvest does in this process (the keys are documented
-    in docs/sglang.md and never change):
+    in docs/sglang.md and never change), a :class:`~kvest.sglang.readout.Status`:
+    a dict whose ``repr`` is a short summary that names the instruments
+    (``dict(status())`` prints the dict itself):
 
     ``kvest`` (its version), ``implementation``, ``sglang`` (its version),
     ``mode`` (on, shadow, off), ``reason`` (why that mode, in words),
@@ -305,16 +321,14 @@ def status() -> dict[str, Any]:
     import kvest
 
     with STATE.lock:
-        reason = STATE.reason
-        if not STATE.loaded:
-            reason = plugins_reason() or reason
-        return {
+        reason = STATE.reason if STATE.loaded else not_run_reason()
+        return Status({
             "kvest": kvest.__version__, "implementation": kvest.IMPLEMENTATION,
             "sglang": STATE.sglang, "mode": STATE.mode.value, "reason": reason,
             "scheduler": STATE.scheduler,
             "hotspots": {name: _entry(STATE.spots.get(name) or Spot(name))
                          for name in list(HOTSPOTS)},
-        }
+        })
 
 
 def _entry(s: Spot) -> dict[str, Any]:
