@@ -237,7 +237,12 @@ def _plan_one(spot: HotSpot, fn: Any, entry: monitor.Spot
     if not analysis.found:
         kinds = {n.kind for n in analysis.notes}
         recognised = kinds - {NoteKind.OLDER_SHAPE, NoteKind.NO_STATEMENT}
-        entry.state = State.NOT_RECOGNISED if kinds and not recognised else State.LEFT_ALONE
+        if kinds == {NoteKind.NO_STATEMENT}:
+            # The function is there, the code is not: a dispatcher whose loop moved
+            # to another function, or a release that never had the statement.
+            entry.state = State.ABSENT
+        else:
+            entry.state = State.NOT_RECOGNISED if kinds and not recognised else State.LEFT_ALONE
         return None, analysis, []
     entry.state = State.LEFT_ALONE  # unless something is compiled below
     found = analysis.found[0]

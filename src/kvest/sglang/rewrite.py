@@ -233,8 +233,8 @@ def analyse(fn: Any, kinds: list[str]) -> Analysis:
             hits.append(Found(pattern, stmt, printed))
         analysis.found += hits
         if not candidates:
-            analysis.notes.append(Note(NoteKind.NO_STATEMENT,
-                                       f"{fn.__qualname__}: no {kind} statement here"))
+            analysis.notes.append(Note(NoteKind.NO_STATEMENT, (
+                f"{fn.__qualname__} has no {kind} statement in this release")))
         if not hits:
             for printed, stmt in misses:
                 shape = patterns.older().get(printed.digest)
