@@ -424,3 +424,112 @@ def test_an_annotated_local_keeps_the_kernel(tree_source, tmp_path):
             assert got == expected
         finally:
             handle.undo()
+
+
+_PLAIN = """
+import json, kvest.sglang
+report = kvest.sglang.status()
+print(json.dumps({"repr": repr(report), "str": str(report), "dict": dict(report),
+                  "is_dict": isinstance(report, dict)}))
+"""
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    ({}, "in mode on (KVEST_SGLANG is not set: on by default)"),
+    ({"KVEST_SGLANG": "0"}, "in mode off (KVEST_SGLANG='0' turns kvest off)"),
+    ({"KVEST_SGLANG": "shadow"}, "in mode shadow (KVEST_SGLANG='shadow')"),
+    ({"KVEST_SGLANG": "bogus"}, "in mode off (KVEST_SGLANG='bogus' is not one of 1/on, "
+                                "shadow, 0/off"),
+    ({"SGLANG_PLUGINS": "someone_else"}, "would not load (SGLANG_PLUGINS='someone_else' "
+                                         "does not list kvest)"),
+])
+def test_status_in_a_plain_process_is_short_and_points_to_the_instruments(env, says):
+    """A launcher or a notebook, where the plugin never runs: status() prints a
+    few lines, not the dict; says that kvest runs in the scheduler processes,
+    what the switches would make of it there (a bad value as bad), and names
+    the log, the doctor, the metrics and the audit.  The dict is unchanged."""
+    import json
+    import os
+    import subprocess
+
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("KVEST_SGLANG", "SGLANG_PLUGINS")}
+    done = subprocess.run([sys.executable, "-c", _PLAIN], capture_output=True, text=True,
+                          env={**environ, **env}, timeout=120, check=True)
+    out = json.loads(done.stdout)
+    text, report = out["repr"], out["dict"]
+    assert out["is_dict"] and out["str"] == text
+    _check_keys(report)
+    assert report["mode"] == "off" and report["scheduler"] is False
+    assert report["reason"].startswith("kvest's SGLang plugin has not run in this process")
+    assert "scheduler processes" in report["reason"] and says in report["reason"]
+    assert len(text) < 2_000 and max(len(line) for line in text.splitlines()) <= 100
+    flat = " ".join(text.split())
+    assert says in flat
+    for instrument in ('logger "kvest.sglang"', "python -m kvest sglang", "/metrics",
+                       "python -m kvest audit"):
+        assert instrument in flat, instrument
+    assert "every hot spot: not loaded" in flat
+    assert "{'" not in text  # not the dict
+
+
+def test_status_in_a_scheduler_reads_as_a_table():
+    """Where kvest planned: one row per hot spot in the release, with its state
+    and counters; the hot spots the release lacks on one line."""
+    from kvest.sglang import readout
+
+    with standin_tree(NEWEST) as tree, kvest.sglang.patch():
+        for _ in range(3):
+            _batch(tree, False).new_tokens_required_next_decode()
+        report = kvest.sglang.status()
+    text = repr(report)
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[2:]
+            if line.startswith("  ") and line.split()[0] in registry.HOTSPOTS}
+    spot = report["hotspots"][ESTIMATE]
+    assert rows[ESTIMATE][1] == spot["state"] == "replaced"
+    assert rows[ESTIMATE][2:6] == [f"{spot[k]:,}" for k in
+                                   ("calls", "kernel", "fallbacks", "upstream")]
+    for name, entry in report["hotspots"].items():
+        if entry["state"] in ("absent", "not loaded", "off"):
+            assert name not in rows and name in text
+        else:
+            assert name in rows
+    assert max(len(line) for line in text.splitlines()) <= 120
+    # A key another part of kvest adds (the audit's counters) is shown, not a crash.
+    assert "audit: steps 5, undercounts 1" in readout.render(
+        {**report, "audit": {"steps": 5, "undercounts": 1, "bookkeeping_gaps": 0}})
+
+
+@pytest.mark.parametrize("tree_source", releases(), ids=lambda t: t.version)
+def test_absent_is_code_the_release_lacks_and_not_recognised_an_older_shape(tree_source):
+    """On each release's own files: a hot spot whose function is missing, or
+    holds no statement of its kind (a dispatcher whose loop moved, 0.5.11's
+    check_decode_mem), is "absent"; "not recognised in this release" is kept
+    for the release's own older statement, which kvest has no pattern for."""
+    from kvest.sglang.registry import NoteKind, State
+
+    with standin_tree(tree_source), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = kvest.sglang.patch()
+        try:
+            spots = {name: (s.state, {n.kind for n in s.notes})
+                     for name, s in monitor.STATE.spots.items() if name in registry.HOTSPOTS}
+            report = kvest.sglang.status()["hotspots"]
+        finally:
+            handle.undo()
+    for name, (state, kinds) in spots.items():
+        if state is State.ABSENT:
+            assert kinds <= {NoteKind.NO_STATEMENT}, (name, kinds)
+        if NoteKind.NO_STATEMENT in kinds and len(kinds) == 1:
+            assert state is State.ABSENT, name
+        if state is State.NOT_RECOGNISED:
+            assert NoteKind.OLDER_SHAPE in kinds, (name, kinds)
+    version = tuple(int(x) for x in tree_source.version.split(".")[:3] if x.isdigit())
+    if version == (0, 5, 11):
+        assert report["check_decode_mem"]["state"] == "absent"
+        assert "has no select_requests statement" in report["check_decode_mem"]["reason"]
+    if (0, 5, 16) <= version <= (0, 5, 18):
+        assert report["alloc_for_decode"]["state"] == "not recognised in this release"
+    if version >= (0, 5, 22):
+        assert report["alloc_for_decode"]["state"] == "absent"
+        assert report["alloc_for_decode_default"]["state"] == "replaced"
