@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -43,9 +44,19 @@ def _say(text: str = "") -> None:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
 
 
+def plain(text: str) -> str:
+    """reStructuredText as a terminal shows it: ``:func:`~a.b``` is ``a.b()``,
+    ````x```` is ``x`` (for ``--help``, which a user reads)."""
+    text = re.sub(r":func:`~?([^`]+)`", r"\1()", text)
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvest sglang", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m kvest sglang", description=plain(__doc__),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Documentation: docs/sglang.md in kvest's source "
+                                            "distribution and repository.")
     # Checked as the other commands' flags are: a usage message and exit 2.
     from kvest._args import int_at_least
 
@@ -154,8 +165,6 @@ def _source(root: str | None, stack: contextlib.ExitStack) -> upstream.SourceTre
     if not (path / batch).is_file():
         raise ValueError(f"{root}: no {batch} below it (not an SGLang tree)")
     # The version is only for the report (a wheel's sglang/_version.py has it).
-    import re
-
     version = "unknown"
     for rel in ("sglang/_version.py", "sglang/version.py"):
         text = (path / rel).read_text() if (path / rel).is_file() else ""
