@@ -14,6 +14,7 @@ BAD_FLAGS = [
     (["--requests", "-5"], "--requests"),
     (["--requests", "0"], "--requests"),
     (["--requests", "many"], "--requests"),
+    (["--requests", "1000001"], "must be <= 1,000,000, got 1,000,001: the pure-Python reference"),
     (["--page-size", "0"], "--page-size"),
     (["--page-size", "-16"], "--page-size"),
     (["--page-size", "1.5"], "--page-size"),
@@ -200,7 +201,7 @@ def test_plot_from_the_shell_fails_at_once(tmp_path):
     assert not any(line.startswith(("kvest bench", "[")) for line in done.stderr.splitlines())
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"], ["sglang", "--help"]])
 def test_help_is_plain_text_for_a_user(argv, capsys):
     """No reStructuredText markup, no private module, and --quick's text as it runs."""
     with pytest.raises(SystemExit) as stop:
@@ -222,6 +223,36 @@ def test_demo_runs_and_agrees(capsys):
     out = capsys.readouterr().out
     assert "8 requests, page size 100" in out
     assert " NO " not in out
+
+
+def test_a_large_demo_says_what_it_is_doing(capsys):
+    """From PROGRESS_FROM requests the reference takes a while: a line per
+    estimator on stderr, numbered, before it runs; below it, nothing."""
+    assert cli.main(["--requests", str(cli.PROGRESS_FROM)]) == 0
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 8 and lines[0].startswith("[1/8] spec_v2_new_tokens")
+    assert lines[-1].startswith("[8/8] decode_alloc_plan")
+    assert f"{cli.PROGRESS_FROM} requests" in captured.out and " NO " not in captured.out
+    assert cli.main(["--requests", str(cli.PROGRESS_FROM - 1)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_the_demo_bound_is_documented():
+    """The maximum and the progress threshold, as --help and the README's flag
+    table give them."""
+    from pathlib import Path
+
+    assert cli.MAX_REQUESTS == 1_000_000 and cli.PROGRESS_FROM == 100_000
+    help_text = " ".join(cli.parser().format_help().split())
+    assert "1 to 1,000,000" in help_text and "from 100,000" in help_text
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    if not readme.is_file():
+        pytest.skip("README.md is not beside the tests")
+    row = next(line for line in readme.read_text(encoding="utf-8").splitlines()
+               if line.startswith("| `--requests N`"))
+    assert "1 to 1,000,000" in row and "from 100,000, progress on stderr" in row
+    assert "above 1,000,000, a usage error" in row
 
 
 def test_help_names_every_flag(capsys):

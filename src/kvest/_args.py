@@ -7,8 +7,10 @@ import argparse
 from collections.abc import Callable
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= minimum, or a usage error (exit status 2)."""
+def int_at_least(minimum: int, maximum: int | None = None, why: str = ""
+                 ) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum (and <= maximum, if given), or a
+    usage error (exit status 2); ``why`` follows the message above the maximum."""
 
     def parse(text: str) -> int:
         try:
@@ -17,6 +19,8 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum:,}, got {value:,}{why}")
         return value
 
     parse.__name__ = f"integer >= {minimum}"

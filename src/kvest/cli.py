@@ -29,6 +29,13 @@ def _best_of(fn: Callable[[], Any], repeat: int) -> tuple[Any, float]:
     return result, best
 
 
+# The demo runs the pure-Python reference on every request of its batch, three
+# times per estimator: seconds at a million requests, minutes beyond.  Above
+# PROGRESS_FROM requests it says on stderr which estimator it is timing.
+MAX_REQUESTS = 1_000_000
+PROGRESS_FROM = 100_000
+
+
 def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: int) -> int:
     steps, topk, draft = config
     reserve = kvest.alloc_reserve_per_decode(steps, topk, draft, page_size)
@@ -58,8 +65,11 @@ def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: 
     print(header)
     print("-" * len(header))
     failures = 0
-    for label, args, kwargs in cases:
+    for number, (label, args, kwargs) in enumerate(cases, 1):
         name = label.split("[")[0]
+        if num_requests >= PROGRESS_FROM:
+            print(f"[{number}/{len(cases)}] {label}: kvest, then the reference",
+                  file=sys.stderr, flush=True)
         fast, t_fast = _best_of(
             lambda n=name, a=args, k=kwargs: getattr(kvest, n)(*a, **k), 50)
         slow, t_slow = _best_of(
@@ -139,8 +149,12 @@ def parser() -> argparse.ArgumentParser:
     # listed here so that --help shows it.
     sub.add_parser("sglang", help="check kvest against the installed SGLang (the doctor; "
                                   "python -m kvest sglang --help lists its options)")
-    top.add_argument("--requests", type=int_at_least(1), default=1024,
-                     help="requests in the demo's decode batch (default 1024)")
+    top.add_argument("--requests", default=1024,
+                     type=int_at_least(1, MAX_REQUESTS, ": the pure-Python reference runs on "
+                                       "every request (python -m kvest bench times kvest)"),
+                     help=f"requests in the demo's decode batch (1 to {MAX_REQUESTS:,}, "
+                          f"default 1024; from {PROGRESS_FROM:,}, a progress line per "
+                          "estimator on stderr)")
     top.add_argument("--page-size", type=int_at_least(1), default=16,
                      help="KV-cache page size in tokens (default 16)")
     top.add_argument("--config", type=int_at_least(0), nargs=3, default=(3, 2, 6),
