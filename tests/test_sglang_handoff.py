@@ -230,3 +230,27 @@ def test_the_size_check_and_its_python_rule_agree():
     got = [(type(o).__name__, rewrite._small_reqs_rule(o, 3)) for o in _owners()]
     assert got == [(type(o).__name__, compiled._small_reqs(o, 3)) for o in _owners()]
     assert {name for name, small in got if small} == {"Own", "Slotted"}
+
+
+def test_the_metrics_table_says_what_upstream_counts():
+    """docs/sglang.md's metrics table, ``answer="upstream"``: what the code
+    counts there (every kind with a crossover, its hot spots by name), never
+    that it always reads 0, as its "Small batches" section says too."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parent.parent / "docs" / "sglang.md"
+    if not docs.is_file():
+        pytest.skip("docs/ is not beside the tests")
+    text = docs.read_text(encoding="utf-8")
+    row = next(line for line in text.splitlines() if line.startswith("| `kvest_calls_total`"))
+    assert "reads 0" not in row and "no hot spot does so" not in row
+    crossings = {name: kind.upstream_below for name, kind in registry.KINDS.items()
+                 if kind.upstream_below}
+    assert crossings  # a kind that hands small batches to upstream exists today
+    for kind, below in crossings.items():
+        assert f"below {below}" in row, kind
+        for spot in registry.HOTSPOTS.values():
+            if any(use.kind == kind for use in spot.uses):
+                assert f"`{spot.name}`" in row, (kind, spot.name)
+    small = text.split("**Small batches.**")[1].split("\n\n")[0]
+    assert 'kvest_calls_total{answer="upstream"}' in small
