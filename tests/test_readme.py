@@ -141,3 +141,81 @@ def test_no_install_from_an_index_but_for_a_published_release():
                 assert "published release" in paragraph, (
                     f"{path.relative_to(ROOT)}: an install from a package index, "
                     f"unmarked:\n{paragraph}")
+
+
+def _sentences(text: str) -> list[str]:
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    prose = "\n".join(line for line in prose.splitlines() if not line.startswith("|"))
+    return [" ".join(s.split()) for s in re.split(r"(?<=[.;:])\s+", prose)]
+
+
+@needs_readme
+def test_no_paragraph_is_said_twice():
+    """Each sentence of the prose once: a paragraph repeated (the contract's
+    pointer was) is one a reader reads twice and a maintainer edits once."""
+    seen: dict[str, int] = {}
+    for sentence in _sentences(_text()):
+        if len(sentence) >= 40:
+            seen[sentence] = seen.get(sentence, 0) + 1
+    assert not [s for s, n in seen.items() if n > 1]
+    assert _text().count("](docs/contract.md)") == 2  # the pointer, and the documentation list
+
+
+def _error_rows(text: str) -> dict[str, str]:
+    rows = {}
+    for line in text.splitlines():
+        match = re.match(r"\| `(\w+)` \| (.*) \|$", line)
+        if match:
+            rows[match.group(1)] = match.group(2)
+    return rows
+
+
+@needs_readme
+def test_the_error_table_lists_outs_dtype_type_error():
+    """``out=`` with a buffer kvest cannot write its plan into: the exception
+    the code raises is the README's row that names it."""
+    import kvest
+
+    committed, allocated = np.array([5, 16]), np.array([8, 16])
+    rows = _error_rows(_text())
+    cases = [
+        ("`out=` not a tuple of two native int32 or int64 buffers of one dtype",
+         lambda: kvest.decode_alloc_plan(committed, allocated, 16, 8,
+                                         out=(np.empty(2), np.empty(2)))),
+        ("`out=` not a tuple of two native int32 or int64 buffers of one dtype",
+         lambda: kvest.decode_alloc_plan(committed, allocated, 16, 8,
+                                         out=(np.empty(2, ">i4"), np.empty(2, ">i4")))),
+        ("`out=` not a tuple of two native int32 or int64 buffers of one dtype",
+         lambda: kvest.decode_alloc_plan(committed, allocated, 16, 8,
+                                         out=(np.empty(2, np.int32), np.empty(2, np.int64)))),
+        ("`out=` not a tuple of two native int32 or int64 buffers of one dtype",
+         lambda: kvest.decode_alloc_plan(committed, allocated, 16, 8,
+                                         out=[np.empty(2, np.int64), np.empty(2, np.int64)])),
+        ("a `dtype=` other than int32 or int64",
+         lambda: kvest.decode_alloc_plan_from_reqs([], 16, 8, dtype=np.int16)),
+    ]
+    for words, call in cases:
+        with pytest.raises(Exception) as raised:
+            call()
+        row = rows[type(raised.value).__name__]
+        assert words in row, (words, raised.value)
+
+
+@needs_readme
+def test_range_is_said_alike_in_the_readme_and_the_contract():
+    """A ``range`` is never iterated (its bounds are arithmetic) but is copied
+    into kvest's own array, so the 2^32-row limit of copies holds for it: the
+    README and docs/contract.md both say so, as the code does."""
+    import kvest
+
+    assert kvest.decode_new_tokens(range(0, 64, 16), 16) == 64
+    with pytest.raises(ValueError, match="copies at most 2\\*\\*32 rows"):
+        kvest.decode_new_tokens(range(2**32 + 1), 16)
+    readme = " ".join(_text().split())
+    assert "read by arithmetic, not item by item" not in readme
+    assert ("`range` (never iterated: bounds checked by arithmetic, values computed into a "
+            "copy, at most 2^32 rows)") in readme
+    contract = " ".join((ROOT / "docs" / "contract.md").read_text(encoding="utf-8").split())
+    assert "a `range` (never iterated: its bounds are checked by arithmetic, then its " \
+           "values are computed into a copy)" in contract
+    assert "An argument kvest must copy to read it (a `range`" in contract
