@@ -219,3 +219,22 @@ def test_range_is_said_alike_in_the_readme_and_the_contract():
     assert "a `range` (never iterated: its bounds are checked by arithmetic, then its " \
            "values are computed into a copy)" in contract
     assert "An argument kvest must copy to read it (a `range`" in contract
+
+
+def test_the_contract_promises_and_the_development_guide_walks():
+    """docs/contract.md says what a call gives (the in-order loop's value,
+    exception and position; the caller's collector state); how the compiled
+    kernels walk a batch (address order, backward, the sort, the collector
+    held off) is docs/development.md's, which the contract points to."""
+    docs = ROOT / "docs"
+    if not docs.is_dir():
+        pytest.skip("docs/ is not beside the tests")
+    contract = " ".join((docs / "contract.md").read_text(encoding="utf-8").split())
+    guide = " ".join((docs / "development.md").read_text(encoding="utf-8").split())
+    for how in ("address order", "last request to its first", "backward", "radix",
+                "PyGC_Disable", "prefetch", "2,048", "32 KiB", "borrowed pointers"):
+        assert how not in contract, how
+        assert how in guide, how
+    assert "always those of reading the selected requests in the order given" in contract
+    assert "the caller's own collector state" in contract
+    assert contract.count("[development.md](development.md)") == 2

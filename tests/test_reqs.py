@@ -1065,7 +1065,8 @@ def test_a_request_the_pure_read_cannot_take_gives_up(spoiler):
 
 
 def _jumps_far(batch):
-    """The contract's rule: more than one step in 8 jumps 32 KiB or more."""
+    """The address-order walk's rule (docs/development.md): more than one step
+    in 8 jumps 32 KiB or more."""
     ids = [id(q) for q in batch]
     return sum(abs(a - b) >= 1 << 15 for a, b in itertools.pairwise(ids)) > len(batch) // 8
 
