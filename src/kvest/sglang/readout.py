@@ -73,11 +73,11 @@ def render(report: Mapping[str, Any]) -> str:
             row = (f"  {name:{width}}  {spot.get('state')!s:{states}} "
                    f"{_int(spot.get('calls')):>9,} {_int(spot.get('kernel')):>9,} "
                    f"{_int(spot.get('fallbacks')):>9,} {_int(spot.get('upstream')):>9,}")
+            lines.append(row.rstrip())
             shadow = spot.get("shadow")
             if isinstance(shadow, Mapping) and _int(shadow.get("compared")):
-                row += (f"  shadow: {_int(shadow.get('compared')):,} compared, "
-                        f"{_int(shadow.get('mismatches')):,} mismatches")
-            lines.append(row.rstrip())
+                lines.append(f"    shadow: {_int(shadow.get('compared')):,} compared, "
+                             f"{_int(shadow.get('mismatches')):,} mismatches")
     for state in _GROUPED:
         names = [n for n, s in spots.items()
                  if isinstance(s, Mapping) and s.get("state") == state]
