@@ -91,7 +91,9 @@ def isolated(body: str, pure: str, setup: str = "") -> list[str]:
 @pytest.mark.parametrize("pure", PURE, ids=PURE_IDS)
 @pytest.mark.parametrize("fn", READERS, ids=list(READERS))
 def test_list_shrunk_by_a_property_during_a_call_with_indices(fn, pure):
-    """reqs[0]'s property empties the list; the walk then asks for reqs[4]."""
+    """reqs[0]'s property empties the list; the selection was taken whole
+    before it ran, as [reqs[i] for i in indices] takes it: the answer is the
+    selected requests', as over that list."""
     name, args = READERS[fn]
     lines = isolated(f"""
     class Req:
@@ -108,9 +110,11 @@ def test_list_shrunk_by_a_property_during_a_call_with_indices(fn, pure):
     for indices in ([0, 4, -1], np.array([0, 4, -1])):
         reqs = [Req() for _ in range(5)]
         print(show(kvest.{name}, reqs, *{args!r}, indices))
+        reqs = [Req() for _ in range(5)]
+        print(show(kvest.{name}, [reqs[int(i)] for i in indices], *{args!r}))
     """, pure=pure)
-    assert lines == ["raise TypeError: reqs could not be read at reqs[4]: "
-                     "IndexError: list index out of range"] * 2
+    assert len(lines) == 4 and lines[0] == lines[1] == lines[2] == lines[3], lines
+    assert lines[0].startswith("ok "), lines
 
 
 @pytest.mark.parametrize("pure", PURE, ids=PURE_IDS)

@@ -589,6 +589,12 @@ def reqs_list(reqs: Any) -> list[Any]:
             raise reqs_read_error(exc, len(out)) from exc
 
 
+# Read with getattr(), never the attribute syntax: CPython specialises that
+# once warm (a cached dict position), and a specialised read can skip what a
+# lookup runs (a colliding key's __eq__).  The twin reads as the lookup does.
+KV = "kv"
+
+
 def req_length(req: Any, pos: int, attr: str, exact: bool = False) -> int:
     """``req.<attr>`` (flat layout) or ``req.kv.<attr>`` (nested layout), checked.
 
@@ -601,7 +607,7 @@ def req_length(req: Any, pos: int, attr: str, exact: bool = False) -> int:
         value = getattr(req, attr)
     except AttributeError:
         try:
-            value = getattr(req.kv, attr)
+            value = getattr(getattr(req, KV), attr)
         except AttributeError:
             raise AttributeError(f"reqs[{pos}] has neither .{attr} nor .kv.{attr}") from None
         except MemoryError:

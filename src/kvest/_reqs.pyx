@@ -23,7 +23,7 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.object cimport PyObject
 from cpython.pyport cimport PY_SSIZE_T_MAX
-from cpython.ref cimport Py_DECREF, Py_INCREF, Py_XDECREF, Py_XINCREF
+from cpython.ref cimport Py_DECREF, Py_INCREF, Py_REFCNT, Py_XDECREF, Py_XINCREF
 from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
 from libc.stdint cimport INT32_MAX, INT64_MAX, INT64_MIN, int32_t, int64_t, uint64_t
 
@@ -71,7 +71,6 @@ from kvest._inputs import (
     plan_shrank_error,
     pure_args,
     pure_reqs,
-    req_length,
     req_length_value,
     req_read_error,
     req_rows,
@@ -93,7 +92,7 @@ cdef extern from "reqattr.h":
     ctypedef struct kv_cache:
         kv_ctx cx
     ctypedef struct kv_req_state:
-        pass
+        bint failed_in_kv
     enum:
         KV_COMMITTED
         KV_ALLOCATED
@@ -125,8 +124,8 @@ cdef extern from "reqattr.h":
     bint kv_run_begin(kv_cache *c, kv_run *run, PyObject *first, int at_committed,
                       int at_allocated, bint both, bint beam)
     Py_ssize_t kv_run_read(kv_cache *c, const kv_run *run, PyObject **items,
-                           const int64_t *rows, Py_ssize_t size, Py_ssize_t start,
-                           Py_ssize_t end, int64_t *committed, int64_t *allocated)
+                           Py_ssize_t start, Py_ssize_t end, int64_t *committed,
+                           int64_t *allocated)
 
 
 cdef extern from "typetag.h":
@@ -202,11 +201,9 @@ cdef int64_t _length_slow(int status, kv_cache *cache, object req, Py_ssize_t po
         except (AttributeError, MemoryError):
             raise
         except Exception as exc:  # a property or __getattr__ of the caller's that fails
-            if at == KV_AT_EITHER:
-                # Which read failed (req.<name>, req.kv or req.kv.<name>) is for the
-                # shared rule to tell, as the twin's: it reads again and words it.
-                return req_length(req, pos, attr, exact)
-            raise req_read_error(exc, pos, f"{'.kv.' if at == KV_AT_NESTED else '.'}{attr}") \
+            # (worded as the shared rule words it, from the read that failed:
+            # read again, a read may not fail the same way)
+            raise req_read_error(exc, pos, f"{'.kv.' if st.failed_in_kv else '.'}{attr}") \
                 from exc
     if status == KV_LEN_MISSING:
         if at == KV_AT_EITHER:
@@ -451,14 +448,14 @@ def _runs():
     return _run_rows
 
 
-cdef Py_ssize_t _run(Job *job, kv_cache *cache, PyObject **items, const int64_t *rows,
-                     Py_ssize_t size, Py_ssize_t start, Py_ssize_t end) except -1:
-    """The rows from start to end (items[rows[j]] where rows is not NULL, else
-    items[j]) for as long as they form a run (reqattr.h: requests that read
-    like the first, by loads alone), added as :func:`_row` adds them: the
-    walk's one fast read, a single request being a run of one.  Returns the
-    first row it did not take, for the caller's :func:`_row`; QUICK_MISS when
-    a row gave up (quick mode: the row overflowed)."""
+cdef Py_ssize_t _run(Job *job, kv_cache *cache, PyObject **items, const int64_t *names,
+                     Py_ssize_t start, Py_ssize_t end) except -1:
+    """items[start:end) (held: nothing frees them meanwhile) for as long as they
+    form a run (reqattr.h: requests that read like the first, by loads alone),
+    added as :func:`_row` adds them: the walk's one fast read, a single request
+    being a run of one.  names[j] (NULL: j) is the position a message names.
+    Returns the first item it did not take, for the caller's :func:`_row`;
+    QUICK_MISS when one gave up (quick mode: its row overflowed)."""
     global _run_rows
     cdef kv_run run
     cdef int64_t cs[RUN_CHUNK]
@@ -466,23 +463,20 @@ cdef Py_ssize_t _run(Job *job, kv_cache *cache, PyObject **items, const int64_t 
     cdef Py_ssize_t i, k, stop, pos
     if job.kind == PLAN:
         end = min(end, start + (job.rows - job.row))  # the plan's own check past that
-    if start >= end or job.kind == BEAM:
-        return start
-    pos = rows[start] if rows != NULL else start
-    if (rows != NULL and not 0 <= pos < size) or not kv_run_begin(
-            cache, &run, items[pos],
+    if start >= end or job.kind == BEAM or not kv_run_begin(
+            cache, &run, items[start],
             KV_AT_FLAT if job.kind == BEAM_GROUPS else job.at_committed, job.at_allocated,
             job.kind == SPEC_V2 or job.kind == PLAN, job.kind == BEAM_GROUPS):
         return start
     while start < end:
         stop = min(end, start + RUN_CHUNK)
-        k = kv_run_read(cache, &run, items, rows, size, start, stop, cs, al)
+        k = kv_run_read(cache, &run, items, start, stop, cs, al)
         if _chunk_add(job, cs, al, k):
             i = k  # added whole, by the array loops
         else:
             i = 0
         for i in range(i, k):
-            pos = rows[start + i] if rows != NULL else start + i
+            pos = names[start + i] if names != NULL else start + i
             if job.kind == DECODE:
                 _decode_add(job, cs[i])
             elif job.kind == BEAM_GROUPS:
@@ -515,17 +509,36 @@ cdef inline Py_ssize_t _size(object reqs) noexcept:
     return PyList_GET_SIZE(reqs) if type(reqs) is list else PyTuple_GET_SIZE(reqs)
 
 
-cdef inline Py_ssize_t _run_from(Job *job, kv_cache *cache, object reqs, const int64_t *rows,
-                                 Py_ssize_t end, Py_ssize_t *at) except -1:
-    """:func:`_run` from *at over a list or tuple (its size now: the run reads
-    no further), *at moved to where it stopped.  Returns the row from which the
-    walk tries a run again."""
-    cdef Py_ssize_t size = _size(reqs)
+cdef inline Py_ssize_t _run_from(Job *job, kv_cache *cache, object reqs, Py_ssize_t end,
+                                 Py_ssize_t *at) except -1:
+    """:func:`_run` from *at over a list or tuple as it is now (a run reads no
+    further than its size), *at moved to where it stopped.  Returns the row
+    from which the walk tries a run again."""
     cdef Py_ssize_t start = at[0]
-    if rows == NULL:
-        end = min(end, size)
-    at[0] = _run(job, cache, PySequence_Fast_ITEMS(reqs), rows, size, start, end)
+    at[0] = _run(job, cache, PySequence_Fast_ITEMS(reqs), NULL, start, min(end, _size(reqs)))
     return at[0] + 1 if at[0] > start else start + RUN_RETRY
+
+
+cdef int _walk_items(Job *job, kv_cache *cache, PyObject **items, const int64_t *names,
+                     Py_ssize_t m) except -1:
+    """items[0..m) (held by the caller for the walk), in order: runs where they
+    can be, the reference rule's read elsewhere; names[j] (NULL: j) is the
+    position a message names.  0, or GAVE_UP (quick mode) at the first item
+    that gave up."""
+    cdef Py_ssize_t j = 0, start, retry = _first_run(job, m)
+    while j < m:
+        if j >= retry:
+            start = j
+            j = _run(job, cache, items, names, j, m)
+            if j == QUICK_MISS:
+                return GAVE_UP
+            retry = j + 1 if j > start else j + RUN_RETRY
+            if j == m:
+                break
+        if _row(job, cache, <object>items[j], names[j] if names != NULL else j) == GAVE_UP:
+            return GAVE_UP
+        j += 1
+    return 0
 
 
 # ------------------------------------------------------- in address order
@@ -641,8 +654,7 @@ cdef bint _quick_walk(Job *job, PyObject **order, Py_ssize_t m) except -1:
     job, which job becomes if every request was read; job as it was if not."""
     cdef Job trial
     cdef kv_cache cache
-    cdef Py_ssize_t j = 0, start, retry = 0
-    cdef bint done = True
+    cdef bint done
     trial = job[0]
     trial.pure = KV_PURE_QUICK
     _cache_init(&cache, KV_PURE_QUICK)
@@ -651,49 +663,12 @@ cdef bint _quick_walk(Job *job, PyObject **order, Py_ssize_t m) except -1:
     # reads.  The quick reads run no Python code, so the hold lasts the walk.
     kv_cache_hold(&cache)
     try:
-        while j < m:
-            if j >= retry:
-                start = j
-                j = _run(&trial, &cache, order, NULL, m, j, m)
-                if j == QUICK_MISS:
-                    done = False
-                    break
-                retry = j + 1 if j > start else j + RUN_RETRY
-                if j == m:
-                    break
-            if _row(&trial, &cache, <object>order[j], j) == GAVE_UP:
-                done = False
-                break
-            j += 1
+        done = _walk_items(&trial, &cache, order, NULL, m) == 0
     finally:
         kv_cache_let(&cache)
     if done:
         trial.pure = job.pure
         job[0] = trial
-    return done
-
-
-cdef int _rows_by_address(Job *job, object reqs, const int64_t *rows,
-                          Py_ssize_t m) except -1:
-    """:func:`_by_address` over the selected rows of a list or tuple."""
-    cdef Py_ssize_t j, n = _size(reqs)
-    cdef PyObject **items
-    cdef PyObject **held = PySequence_Fast_ITEMS(reqs)
-    cdef int done
-    if not _may_reorder(job, m):
-        return 0  # before the gathering buffer is allocated
-    items = <PyObject **>PyMem_Malloc(m * sizeof(PyObject *))
-    if items == NULL:
-        return 0
-    for j in range(m):
-        if not 0 <= rows[j] < n:
-            PyMem_Free(items)
-            return 0  # the walk in order says what is wrong
-        items[j] = held[rows[j]]
-    try:
-        done = _by_address(job, items, m)
-    finally:
-        PyMem_Free(items)
     return done
 
 
@@ -750,11 +725,14 @@ cdef int _walk_all(Job *job, object reqs) except -1:
             # The size (and a list's items) read every step, as their iterators do.
             while pos < _size(reqs):
                 if pos >= retry:
-                    retry = _run_from(job, cache, reqs, NULL, _size(reqs), &pos)
+                    retry = _run_from(job, cache, reqs, _size(reqs), &pos)
                     if pos >= _size(reqs):
                         break
                 req = <object>PySequence_Fast_ITEMS(reqs)[pos]  # a reference of our own
                 _row(job, cache, req, pos)
+                if Py_REFCNT(req) == 1:  # the last reference: its release is the caller's code
+                    kv_cache_let(cache)
+                    req = None
                 pos += 1
         else:
             it = reqs_iter(reqs)
@@ -769,17 +747,20 @@ cdef int _walk_all(Job *job, object reqs) except -1:
                 except Exception as exc:
                     raise reqs_read_error(exc, pos) from exc
                 _row(job, cache, req, pos)
+                if Py_REFCNT(req) == 1:  # the last reference: its release is the caller's code
+                    kv_cache_let(cache)
+                    req = None
                 pos += 1
     finally:
         kv_cache_let(cache)
     return 0
 
 
-cdef object _item(kv_cache *cache, object reqs, Py_ssize_t pos):
-    """reqs[pos] of a container that is not a list or tuple (or a list that shrank)."""
-    kv_cache_let(cache)  # the lookup may be the caller's code
+cdef object _item(object reqs, Py_ssize_t pos):
+    """reqs[pos], the generic lookup (bounds checked whatever reqs is; the
+    caller's code for a container that is not a list or tuple)."""
     try:
-        return reqs[<object>pos]  # the generic lookup: bounds checked whatever reqs is
+        return reqs[<object>pos]
     except MemoryError:
         raise
     except Exception as exc:
@@ -787,30 +768,46 @@ cdef object _item(kv_cache *cache, object reqs, Py_ssize_t pos):
 
 
 cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) except -1:
-    """The requests at rows (checked to lie in [0, len(reqs)) before the walk; a
-    request's property may shrink reqs since, so each read is bounds checked)."""
+    """The requests at rows, taken whole before any is read, as [reqs[i] for i
+    in indices] takes them: what a request's code does to reqs later changes
+    nothing selected.  From a list or tuple they are taken as they are (rows
+    lie in [0, len(reqs)), checked when selected, or the generic lookup
+    raises what it raises); from anything else by its own lookup."""
     cdef kv_cache cache
-    cdef Py_ssize_t j = 0, pos
-    cdef bint seq = type(reqs) is list or type(reqs) is tuple
-    if seq and _rows_by_address(job, reqs, rows, m):
-        return 0
-    cdef Py_ssize_t retry = _first_run(job, m)
-    _cache_init(&cache, job.pure)
+    cdef Py_ssize_t j, k, n
+    cdef PyObject **items
+    cdef PyObject **held = NULL
+    cdef list picked
+    if type(reqs) is list or type(reqs) is tuple:
+        held = <PyObject **>PyMem_Malloc(max(m, 1) * sizeof(PyObject *))
+        if held == NULL:
+            raise MemoryError()
+        items, n = PySequence_Fast_ITEMS(reqs), _size(reqs)
+        for j in range(m):
+            if not 0 <= rows[j] < n:  # (code of the caller's ran since the check)
+                for k in range(j):
+                    Py_XDECREF(held[k])
+                PyMem_Free(held)
+                _item(reqs, rows[j])  # raises what the lookup raises
+                raise IndexError(f"reqs[{rows[j]}]: out of range")
+            held[j] = items[rows[j]]
+            Py_XINCREF(held[j])
+        items = held
+    else:
+        picked = [_item(reqs, rows[j]) for j in range(m)]
+        items = PySequence_Fast_ITEMS(picked)
     try:
-        while j < m:
-            if seq and j >= retry:
-                retry = _run_from(job, &cache, reqs, rows, m, &j)
-                if j >= m:
-                    break
-            pos = rows[j]
-            j += 1
-            if seq and 0 <= pos < _size(reqs):
-                req = <object>PySequence_Fast_ITEMS(reqs)[pos]  # a reference of our own
-                _row(job, &cache, req, pos)
-            else:
-                _row(job, &cache, _item(&cache, reqs, pos), pos)
+        if not _by_address(job, items, m):
+            _cache_init(&cache, job.pure)
+            try:
+                _walk_items(job, &cache, items, rows, m)
+            finally:
+                kv_cache_let(&cache)
     finally:
-        kv_cache_let(&cache)
+        if held != NULL:
+            for j in range(m):
+                Py_XDECREF(held[j])
+            PyMem_Free(held)
     return 0
 
 
@@ -1068,13 +1065,16 @@ cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
     try:
         while pos < PyList_GET_SIZE(reqs):
             if pos >= retry and pos < m:
-                retry = _run_from(job, &cache, reqs, NULL, m, &pos)
+                retry = _run_from(job, &cache, reqs, m, &pos)
                 if pos >= PyList_GET_SIZE(reqs):
                     break
             if pos == m:
                 raise plan_grew_error(m)
             req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
             _row(job, &cache, req, pos)
+            if Py_REFCNT(req) == 1:  # the last reference: its release is the caller's code
+                kv_cache_let(&cache)
+                req = None
             pos += 1
     finally:
         kv_cache_let(&cache)

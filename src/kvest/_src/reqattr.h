@@ -182,8 +182,15 @@ static int kv_read_slow(kv_cache *c, kv_layout *l, int which, PyObject *obj,
             v = PyDict_GetItemWithError(dict, name);
             Py_XINCREF(v);
             if (v != NULL) kv_learn(&c->cx, &l->read[which], dict);
-            Py_DECREF(dict);
-            if (v == NULL) return PyErr_Occurred() ? -1 : 0;
+            kv_release(&c->cx.gc, dict);
+            if (v == NULL) {
+                /* A colliding key's __eq__ that raised: getattr raises it, and
+                 * an AttributeError says "not there", as the generic read's. */
+                if (!PyErr_Occurred()) return 0;
+                if (!PyErr_ExceptionMatches(PyExc_AttributeError)) return -1;
+                PyErr_Clear();
+                return 0;
+            }
             *value = v;
             return 1;
         }
@@ -244,6 +251,7 @@ enum {
 typedef struct {
     PyObject *kv;        /* req.kv (a new reference) while it is known current, or NULL */
     PyObject **dictslot; /* where req keeps its instance dict, once looked up */
+    int failed_in_kv;    /* KV_LEN_ERROR: the read that failed was req.kv's or its length's */
 } kv_req_state;
 
 static inline void kv_req_begin(kv_req_state *st)
@@ -294,6 +302,7 @@ KV_HOT int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
     PyObject *v = NULL, *nested, *owned = NULL, **kvslot = NULL;
     kv_layout *l;
     int found = 0, ran = 0;
+    st->failed_in_kv = at == KV_AT_NESTED;
     if (at != KV_AT_NESTED) {
         l = kv_layout_for(c, Py_TYPE(req));
         found = kv_read(c, l, which, req, &v, &st->dictslot, &ran);
@@ -302,6 +311,7 @@ KV_HOT int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
         if (!found && at == KV_AT_FLAT) return KV_LEN_MISSING;
     }
     if (!found) {
+        st->failed_in_kv = 1;
         nested = st->kv;
         if (nested == NULL) {
             l = kv_layout_for(c, Py_TYPE(req));
@@ -318,7 +328,7 @@ KV_HOT int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
         l = kv_layout_for(c, Py_TYPE(nested));
         ran = 0;
         found = kv_read(c, l, which, nested, &v, &kvslot, &ran);
-        Py_XDECREF(owned);
+        kv_release(&c->cx.gc, owned);
         if (ran) kv_req_forget(st);
         if (found < 0) return found == KV_IMPURE ? KV_LEN_IMPURE : KV_LEN_ERROR;
         if (!found) return KV_LEN_MISSING;
@@ -439,12 +449,12 @@ KV_HOT PyObject *kv_run_get(const kv_run_src *src, PyObject *owner, PyObject *di
     return kv_dict_at(dict, src->where, src->name);
 }
 
-/* One request's value at src in a run: an exact length in [0, 2^63), or
- * (beam) whether req.beam_group is not None.  0 when the run ends there. */
-KV_HOT int kv_run_value(const kv_run *run, PyObject *v, int64_t *out)
+/* One request's value in a run: an exact length in [0, 2^63), or (beam)
+ * whether req.beam_group is not None.  0 when the run ends there. */
+KV_HOT int kv_run_value(int beam, PyObject *v, int64_t *out)
 {
     if (v == NULL) return 0;
-    if (run->beam) {
+    if (beam) {
         *out = v != Py_None;
         return 1;
     }
@@ -454,67 +464,57 @@ KV_HOT int kv_run_value(const kv_run *run, PyObject *v, int64_t *out)
 /* The run's one loop.  `usual` is a constant at each call, so the compiler
  * makes two loops of this body: the usual shape (no rows, req.kv at a dict
  * hint, the lengths slots of req.kv: SGLang 0.5.19 on) with its tests
- * folded away, and every other shape. */
-KV_HOT Py_ssize_t kv_run_loop(const kv_run *run, PyObject *const *items, const int64_t *rows,
-                              Py_ssize_t size, Py_ssize_t start, Py_ssize_t end,
-                              int64_t *committed, int64_t *allocated, const int usual)
+ * folded away, and every other shape.  The run's fields are copied to locals
+ * first: the stores to committed[] could otherwise alias them. */
+KV_HOT Py_ssize_t kv_run_loop(const kv_run *run, PyObject *const *items, Py_ssize_t start,
+                              Py_ssize_t end, int64_t *committed, int64_t *allocated,
+                              const int usual)
 {
+    PyTypeObject *const rt = run->req_type, *const kt = run->kv_type;
+    const kv_run_src kvs = run->kv, c = run->len[0], a = run->len[1];
+    const int req_dict = usual || run->req_dict, both = run->both, beam = !usual && run->beam;
     Py_ssize_t i;
     for (i = start; i < end; i++) {
-        PyObject *req, *dict = NULL, *kv = NULL;
-        if (!usual && rows != NULL) {
-            if ((uint64_t)rows[i] >= (uint64_t)size) break;
-            req = items[rows[i]];
-        } else {
-            req = items[i];
-        }
-        if (Py_TYPE(req) != run->req_type) break;
-        if (usual || run->req_dict) {
+        PyObject *req = items[i], *dict = NULL, *kv = NULL, *v;
+        if (Py_TYPE(req) != rt) break;
+        if (req_dict) {
             PyObject **dictptr = _PyObject_GetDictPtr(req);
             if (dictptr == NULL || (dict = *dictptr) == NULL) break;
         }
-        if (usual) {
-            kv = kv_dict_at(dict, run->kv.where, run->kv.name);
-            if (kv == NULL || Py_TYPE(kv) != run->kv_type) break;
-        } else if (run->kv_type != NULL) {
-            kv = kv_run_get(&run->kv, req, dict);
-            if (kv == NULL || Py_TYPE(kv) != run->kv_type) break;
+        if (usual || kt != NULL) {
+            kv = usual ? kv_dict_at(dict, kvs.where, kvs.name) : kv_run_get(&kvs, req, dict);
+            if (kv == NULL || Py_TYPE(kv) != kt) break;
         }
-        for (int k = 0; k < 1 + run->both; k++) {
-            const kv_run_src *src = &run->len[k];
-            PyObject *v = usual ? *(PyObject **)((char *)kv + src->where)
-                                : kv_run_get(src, src->nested ? kv : req, dict);
-            if (!(usual ? v != NULL && kv_exact_length(v, &(k ? allocated : committed)[i - start])
-                        : kv_run_value(run, v, &(k ? allocated : committed)[i - start])))
-                goto end;
+        v = usual ? *(PyObject **)((char *)kv + c.where) : kv_run_get(&c, c.nested ? kv : req, dict);
+        if (!kv_run_value(beam, v, &committed[i - start])) break;
+        if (both) {
+            v = usual ? *(PyObject **)((char *)kv + a.where)
+                      : kv_run_get(&a, a.nested ? kv : req, dict);
+            if (!kv_run_value(0, v, &allocated[i - start])) break;
         }
     }
-end:
     return i - start;
 }
 #endif
 
-/* The values of rows [start, end) -- items[rows[i]] where rows is not NULL
- * (a row outside [0, size) ends the run), else items[i] -- into committed[]
- * and allocated[] from index 0, for as long as each request reads the way the
- * run's first did.  Returns how many it read.  Runs no Python code and takes
- * no reference; collections are held off from here (the caller lets them run
- * again before code of its own). */
+/* The values of items[start, end) into committed[] and allocated[] from
+ * index 0, for as long as each request reads the way the run's first did.
+ * Returns how many it read.  Runs no Python code and takes no reference;
+ * collections are held off from here (the caller lets them run again before
+ * code of its own). */
 static Py_ssize_t kv_run_read(kv_cache *c, const kv_run *run, PyObject *const *items,
-                              const int64_t *rows, Py_ssize_t size, Py_ssize_t start,
-                              Py_ssize_t end, int64_t *committed, int64_t *allocated)
+                              Py_ssize_t start, Py_ssize_t end, int64_t *committed,
+                              int64_t *allocated)
 {
 #if KV_SHORTCUTS && KV_PRIVATE
     kv_gc_hold(&c->cx.gc);
-    if (rows == NULL && run->nested_slots)
-        return kv_run_loop(run, items, NULL, size, start, end, committed, allocated, 1);
-    return kv_run_loop(run, items, rows, size, start, end, committed, allocated, 0);
+    if (run->nested_slots)
+        return kv_run_loop(run, items, start, end, committed, allocated, 1);
+    return kv_run_loop(run, items, start, end, committed, allocated, 0);
 #else
     (void)c;
     (void)run;
     (void)items;
-    (void)rows;
-    (void)size;
     (void)start;
     (void)end;
     (void)committed;

@@ -87,6 +87,51 @@ typedef struct {
     Py_ssize_t offset;           /* KV_ROUTE_MEMBER */
 } kv_route;
 
+/* Whether a dict's lookup compares key, if it meets it, with no code of the
+ * caller's: an exact str or an exact int (their own comparisons). */
+static inline int kv_plain_key(PyObject *key)
+{
+    return PyUnicode_CheckExact(key) || PyLong_CheckExact(key);
+}
+
+/* Whether every key of dict is plain (kv_plain_key): then storing into it
+ * compares keys with no code of the caller's. */
+static int kv_dict_str_keys(PyObject *dict)
+{
+    Py_ssize_t pos = 0;
+    PyObject *key, *v;
+    while (PyDict_Next(dict, &pos, &key, &v))
+        if (!kv_plain_key(key)) return 0;
+    return 1;
+}
+
+/* Whether looking a name up in t's MRO compares no key with code of the
+ * caller's (a class dict's key that hashes like the name, with an __eq__ of
+ * its own, would run: once per lookup that fails, as CPython keeps no
+ * failed lookup): every heap class's dict plain (kv_dict_str_keys); the
+ * interpreter's own types cannot be given a key. */
+static int kv_plain_mro(PyTypeObject *t)
+{
+    PyObject *mro = t->tp_mro;
+    if (mro == NULL || !PyTuple_Check(mro)) return 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
+        PyObject *base = PyTuple_GET_ITEM(mro, i), *dict;
+        int plain;
+        if (!PyType_Check(base)) return 0;
+        if (!(((PyTypeObject *)base)->tp_flags & Py_TPFLAGS_HEAPTYPE)) continue;
+#if PY_VERSION_HEX >= 0x030C0000
+        dict = PyType_GetDict((PyTypeObject *)base);
+#else
+        dict = Py_XNewRef(((PyTypeObject *)base)->tp_dict);
+#endif
+        if (dict == NULL) continue;
+        plain = kv_dict_str_keys(dict);
+        Py_DECREF(dict); /* the type holds it */
+        if (!plain) return 0;
+    }
+    return 1;
+}
+
 #if KV_SHORTCUTS
 /* What the MRO of t defines under name (borrowed), or NULL; *unknown is set
  * when that could not be told. */
@@ -168,6 +213,7 @@ static void kv_route_work_out(kv_route *r, PyTypeObject *t, PyObject *name, int 
     int get_generic = t->tp_getattro == PyObject_GenericGetAttr;
     int set_generic = t->tp_setattro == PyObject_GenericSetAttr;
     if (!get_generic && !set_generic) return;
+    if (!kv_plain_mro(t)) return; /* before any lookup: a lookup may run a key's __eq__ */
     PyObject *descr = kv_type_lookup(t, name, &unknown); /* borrowed */
     if (unknown) return;
     if (descr == NULL) {
@@ -365,8 +411,9 @@ typedef struct {
     PyObject *key, *value;
 } kv_dict_str_entry; /* kinds 1 and 2: exact str keys only */
 
-/* The entry at pos of a combined table (any kind: the import check reads
- * both), or NULL with *known 0 where the table is not one. */
+/* The entry at pos of a combined table of either kind, or NULL with *known 0
+ * where the table is not one: what the import check holds against
+ * PyDict_Next. */
 KV_HOT PyObject *kv_dict_entry_at(PyObject *dict, Py_ssize_t pos, PyObject *name,
                                   int *known)
 {
@@ -386,13 +433,18 @@ KV_HOT PyObject *kv_dict_entry_at(PyObject *dict, Py_ssize_t pos, PyObject *name
 
 KV_HOT PyObject *kv_dict_at(PyObject *dict, Py_ssize_t pos, PyObject *name)
 {
+    PyDictObject *d = (PyDictObject *)dict;
+    kv_dict_keys *k = (kv_dict_keys *)d->ma_keys;
     PyObject *key, *v;
-    int known;
     if (pos < 0 || !kv_dict_entries_ok) return NULL;
-    if (((kv_dict_keys *)((PyDictObject *)dict)->ma_keys)->kind == KV_KEYS_GENERAL) return NULL;
-    v = kv_dict_entry_at(dict, pos, name, &known);
-    if (known) return v;
-    if (PyDict_Next(dict, &pos, &key, &v) && key == name) return v; /* split: str keys */
+    if (k->kind == KV_KEYS_STR && d->ma_values == NULL) { /* combined, str keys */
+        if (pos >= k->nentries) return NULL;
+        kv_dict_str_entry *e =
+            (kv_dict_str_entry *)(k->indices + ((size_t)1 << k->log2_index_bytes)) + pos;
+        return e->key == name ? e->value : NULL;
+    }
+    if (k->kind == KV_KEYS_SPLIT && PyDict_Next(dict, &pos, &key, &v) && key == name)
+        return v; /* shared keys: str only */
     return NULL;
 }
 #else
@@ -496,6 +548,23 @@ static inline void kv_gc_let(kv_gc *g)
     }
 }
 
+/* o (NULL: nothing) let go, a reference of kvest's own to an object of the
+ * caller's.  Where it is the last, the release may run a finalizer -- the
+ * caller's code, which runs with the caller's collector state: collections
+ * are let run first. */
+static inline void kv_release(kv_gc *g, PyObject *o)
+{
+    if (o == NULL) return;
+    if (Py_REFCNT(o) == 1) kv_gc_let(g);
+    Py_DECREF(o);
+}
+#define KV_CLEAR(g, o) \
+    do { \
+        PyObject *kv_clear_tmp = (o); \
+        (o) = NULL; \
+        kv_release((g), kv_clear_tmp); \
+    } while (0)
+
 /* A call's own context, the readers' and the writers' alike: its collector
  * hold, its mode (pure: reads that run no code of the caller's), and the
  * dict searches it may still make to learn a hint.  Each call keeps one on
@@ -580,13 +649,6 @@ KV_HOT PyObject *kv_slot_get(const kv_route *r, PyObject *obj, PyObject *name)
 
 /* ------------------------------------------------------- pure dict reads */
 
-/* Whether a dict's lookup compares key, if it meets it, with no code of the
- * caller's: an exact str or an exact int (their own comparisons). */
-static inline int kv_plain_key(PyObject *key)
-{
-    return PyUnicode_CheckExact(key) || PyLong_CheckExact(key);
-}
-
 /* dict's entry for name (an exact str) found without a lookup, so that no
  * key's __eq__ or __hash__ runs: a key that is name itself or an equal exact
  * str.  1 with the value (borrowed) and its PyDict_Next position in *at;
@@ -641,15 +703,5 @@ static PyObject *kv_plain_attr(PyObject *obj, PyObject *name, kv_gc *g)
     return NULL;
 }
 
-/* Whether every key of dict is plain (kv_plain_key): then storing into it
- * compares keys with no code of the caller's. */
-static int kv_dict_str_keys(PyObject *dict)
-{
-    Py_ssize_t pos = 0;
-    PyObject *key, *v;
-    while (PyDict_Next(dict, &pos, &key, &v))
-        if (!kv_plain_key(key)) return 0;
-    return 1;
-}
 
 #endif

@@ -100,7 +100,7 @@ static inline PyObject *kw_get(kv_ctx *cx, kv_known *s, PyObject *obj, int *pure
             v = PyDict_GetItemWithError(dict, s->name); /* borrowed */
             Py_XINCREF(v);
             if (v != NULL) kv_learn(cx, s, dict);
-            Py_DECREF(dict);
+            kv_release(&cx->gc, dict);
             if (v != NULL || PyErr_Occurred()) return v;
         }
     }
@@ -147,7 +147,7 @@ static inline int kw_set(kv_ctx *cx, kv_known *s, PyObject *obj, PyObject *value
         if (dictptr != NULL && *dictptr != NULL) {
             PyObject *dict = Py_NewRef(*dictptr);
             int rc = PyDict_SetItem(dict, s->name, value);
-            Py_DECREF(dict);
+            kv_release(&cx->gc, dict);
             return rc;
         }
     }
@@ -173,7 +173,7 @@ static inline PyObject *kw_owner(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyOb
     PyObject *obj = Py_NewRef(req);
     for (Py_ssize_t i = 0; i + 1 < n; i++) {
         PyObject *next = kw_get(cx, &steps[i], obj, pure);
-        Py_DECREF(obj);
+        kv_release(&cx->gc, obj);
         if (next == NULL) return NULL;
         obj = next;
     }
@@ -259,8 +259,8 @@ static int kw_check_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *re
         }
 #endif
     }
-    Py_XDECREF(v);
-    Py_DECREF(obj);
+    kv_release(&cx->gc, v);
+    kv_release(&cx->gc, obj);
     return ok;
 }
 
@@ -274,7 +274,7 @@ static inline int kw_add_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObjec
                               const kw_delta *dl, PyObject **owner, int reuse, int *pure)
 {
     if (!(reuse && *owner != NULL && *pure)) {
-        Py_CLEAR(*owner);
+        KV_CLEAR(&cx->gc, *owner);
         *pure = 1;
         *owner = kw_unexpected(kw_owner(cx, steps, n, req, pure));
         if (*owner == NULL) return -1;
@@ -283,10 +283,10 @@ static inline int kw_add_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObjec
     PyObject *v = kw_unexpected(kw_get(cx, &steps[n - 1], obj, pure));
     if (v == NULL) return -1;
     PyObject *sum = kw_iadd(cx, v, dl, pure);
-    Py_DECREF(v);
+    kv_release(&cx->gc, v);
     if (sum == NULL) return -1;
     int rc = kw_set(cx, &steps[n - 1], obj, sum, pure);
-    Py_DECREF(sum);
+    kv_release(&cx->gc, sum);
     return rc;
 }
 
@@ -303,7 +303,7 @@ static inline int kw_add_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObjec
  * behind the fence, which takes no route outside pure mode).  Runs no Python
  * code and takes no reference.  *owner, when not NULL, is the owner already
  * read (the walk is skipped), and is set to it. */
-static inline PyObject **kw_quick_slot(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
+KV_HOT PyObject **kw_quick_slot(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
                                        PyObject **owner)
 {
 #if KV_SHORTCUTS && KV_PRIVATE
@@ -395,7 +395,7 @@ static inline int kw_max_path_quick(kv_ctx *cx, kv_known *steps, Py_ssize_t n, P
     if (b > a) {
         cur = *slot;
         *slot = Py_NewRef(v);
-        Py_DECREF(cur);
+        kv_release(&cx->gc, cur);
     }
     return 1;
 }
@@ -412,26 +412,26 @@ static inline int kw_max_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObjec
     if (obj == NULL) return -1;
     PyObject *cur = kw_unexpected(kw_get(cx, &steps[n - 1], obj, &pure));
     if (cur == NULL) {
-        Py_DECREF(obj);
+        kv_release(&cx->gc, obj);
         return -1;
     }
     PyObject *m = kw_max(cx, cur, v, &pure);
-    Py_DECREF(cur); /* an exact int when pure: its release runs nothing */
+    kv_release(&cx->gc, cur); /* an exact int when pure: its release runs nothing */
     if (m == NULL) {
-        Py_DECREF(obj);
+        kv_release(&cx->gc, obj);
         return -1;
     }
     if (!pure) {
-        Py_DECREF(obj);
+        kv_release(&cx->gc, obj);
         obj = kw_unexpected(kw_owner(cx, steps, n, req, &pure));
         if (obj == NULL) {
-            Py_DECREF(m);
+            kv_release(&cx->gc, m);
             return -1;
         }
     }
     int rc = kw_set(cx, &steps[n - 1], obj, m, &pure);
-    Py_DECREF(m);
-    Py_DECREF(obj);
+    kv_release(&cx->gc, m);
+    kv_release(&cx->gc, obj);
     return rc;
 }
 
@@ -519,12 +519,12 @@ static Py_ssize_t kw_check_add(kv_ctx *cx, PyObject *reqs, kv_known *steps,
         if (req == NULL) return pos;
         for (Py_ssize_t k = 0; k < npaths; k++) {
             if (!kw_check_path(cx, steps + start, ends[k] - start, req)) {
-                Py_DECREF(req);
+                kv_release(&cx->gc, req);
                 return pos;
             }
             start = ends[k];
         }
-        Py_DECREF(req);
+        kv_release(&cx->gc, req);
     }
     (void)is_list;
     return -1;
@@ -552,7 +552,7 @@ static int kw_add_all(kv_ctx *cx, PyObject *reqs, kv_known *steps, const Py_ssiz
         for (Py_ssize_t k = 0; k < npaths && rc == 0; k++) {
             if (!reuse[k]) quick = NULL;
             if (kw_add_path_quick(cx, steps + start, ends[k] - start, req, &dl, &quick)) {
-                Py_CLEAR(owner); /* a later slow path reads its owner afresh */
+                KV_CLEAR(&cx->gc, owner); /* a later slow path reads its owner afresh */
             } else {
                 quick = NULL;
                 rc = kw_add_path(cx, steps + start, ends[k] - start, req, &dl, &owner,
@@ -560,12 +560,12 @@ static int kw_add_all(kv_ctx *cx, PyObject *reqs, kv_known *steps, const Py_ssiz
             }
             start = ends[k];
         }
-        Py_CLEAR(owner);
-        Py_DECREF(req);
+        KV_CLEAR(&cx->gc, owner);
+        kv_release(&cx->gc, req);
         if (rc < 0) break;
     }
     kv_gc_let(&cx->gc);
-    Py_XDECREF(it);
+    kv_release(&cx->gc, it);
     return (rc < 0 || got < 0) ? -1 : 0;
 }
 
@@ -582,7 +582,7 @@ static Py_ssize_t kw_check_max(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_
     for (Py_ssize_t pos = 0; pos < size && pos < nv; pos++) {
         PyObject *req = kw_item(reqs, pos);
         int ok = req != NULL && kw_check_path(cx, steps, n, req);
-        Py_XDECREF(req);
+        kv_release(&cx->gc, req);
         if (!ok) return pos;
     }
     return -1;
@@ -598,7 +598,7 @@ static int kw_max_all(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *st
     int got, rc = 0;
     if (kw_iter(reqs, &it_reqs) < 0) return -1;
     if (kw_iter(values, &it_values) < 0) {
-        Py_XDECREF(it_reqs);
+        kv_release(&cx->gc, it_reqs);
         return -1;
     }
     for (;;) {
@@ -631,7 +631,7 @@ static int kw_max_all(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *st
             if (!strict) break;
             got = kw_next(cx, values, it_values, &pos_values, &v);
             if (got > 0) {
-                Py_DECREF(v);
+                kv_release(&cx->gc, v);
                 PyErr_SetString(PyExc_ValueError,
                                 "zip() argument 2 is longer than argument 1");
             }
@@ -640,7 +640,7 @@ static int kw_max_all(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *st
         }
         got = kw_next(cx, values, it_values, &pos_values, &v);
         if (got <= 0) {
-            Py_DECREF(req);
+            kv_release(&cx->gc, req);
             if (got == 0 && strict)
                 PyErr_SetString(PyExc_ValueError,
                                 "zip() argument 2 is shorter than argument 1");
@@ -648,13 +648,13 @@ static int kw_max_all(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *st
             break;
         }
         if (!kw_max_path_quick(cx, steps, n, req, v)) rc = kw_max_path(cx, steps, n, req, v);
-        Py_DECREF(req);
-        Py_DECREF(v);
+        kv_release(&cx->gc, req);
+        kv_release(&cx->gc, v);
         if (rc < 0) break;
     }
     kv_gc_let(&cx->gc);
-    Py_XDECREF(it_reqs);
-    Py_XDECREF(it_values);
+    kv_release(&cx->gc, it_reqs);
+    kv_release(&cx->gc, it_values);
     return rc;
 }
 

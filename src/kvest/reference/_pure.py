@@ -33,6 +33,8 @@ _OBJ_DELATTR = object.__dict__["__delattr__"]
 _HEAPTYPE = 1 << 9
 
 GENERIC, DICT, MEMBER = 0, 1, 2
+# Keys a dict's lookup compares with no code of the caller's (kv_plain_key).
+_PLAIN_KEYS = (str, int)
 MISSING = object()  # the attribute is not there (getattr would raise AttributeError)
 IMPURE = object()  # reading it would run code of the caller's
 
@@ -58,6 +60,8 @@ def route(t: type, name: str) -> tuple[int, int]:
                    and _lookup(mro, "__delattr__") is _OBJ_DELATTR)
     if not get_generic and not set_generic:
         return GENERIC, GENERIC
+    if not _plain_mro(mro):
+        return GENERIC, GENERIC
     descr = _lookup(mro, name)
     if descr is MISSING:
         if not _plain_dict(t, mro):
@@ -69,6 +73,14 @@ def route(t: type, name: str) -> tuple[int, int]:
                 and any(klass is owner for klass in mro)):
             return (MEMBER if get_generic else GENERIC), (MEMBER if set_generic else GENERIC)
     return GENERIC, GENERIC
+
+
+def _plain_mro(mro: tuple) -> bool:
+    """kv_plain_mro: whether a lookup in the MRO compares no key with code of
+    the caller's (every heap class's dict holding plain keys only; the
+    interpreter's own types cannot be given a key)."""
+    return all(type(key) in _PLAIN_KEYS for klass in mro if _flags_of(klass) & _HEAPTYPE
+               for key in _dict_of(klass))
 
 
 def _plain_dict(t: type, mro: tuple) -> bool:
@@ -87,10 +99,6 @@ def _instance_dict(obj: Any) -> Any:
     on a type whose ``__dict__`` is the interpreter's own (:func:`_plain_dict`)."""
     descr = _lookup(_mro_of(type(obj)), "__dict__")
     return None if descr is MISSING else descr.__get__(obj)
-
-
-# Keys a dict's lookup compares with no code of the caller's (kv_plain_key).
-_PLAIN_KEYS = (str, int)
 
 
 def _scan(d: dict, name: str) -> Any:

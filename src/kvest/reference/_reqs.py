@@ -16,6 +16,7 @@ import numpy.typing as npt
 from kvest._errors import plan_reqs_overflow, spec_v2_reqs_overflow
 from kvest._inputs import (
     INT64_MAX,
+    KV,
     as_count,
     as_flag,
     as_plan_out,
@@ -65,7 +66,7 @@ def _length(req: Any, pos: int, attr: str, where: str, exact: bool, pure: bool =
         return req_length(req, pos, attr, exact)
     path = f".kv.{attr}" if where == "nested" else f".{attr}"
     try:
-        value = getattr(req.kv if where == "nested" else req, attr)
+        value = getattr(getattr(req, KV) if where == "nested" else req, attr)
     except AttributeError:
         raise AttributeError(f"reqs[{pos}] has no {path}") from None
     except MemoryError:
@@ -92,14 +93,18 @@ def _selected(reqs: Any, rows: np.ndarray | None) -> Iterator[tuple[int, Any]]:
                 raise reqs_read_error(exc, pos) from exc
             yield pos, req
             pos += 1
+    # The selection taken whole before any request is read, as [reqs[i] for i
+    # in indices] takes it: what a request's code does to reqs later changes
+    # nothing selected.
+    picked = []
     for pos in rows.tolist():  # positions in [0, n) for the n they were checked against
         try:
-            req = reqs[pos]
+            picked.append((pos, reqs[pos]))
         except MemoryError:
             raise
         except Exception as exc:
             raise reqs_read_error(exc, pos) from exc
-        yield pos, req
+    yield from picked
 
 
 def spec_v2_new_tokens_from_reqs(
