@@ -339,6 +339,17 @@ cdef inline bint _spec_v2_add(Job *job, int64_t c, int64_t a) noexcept:
     return kv_add_total(&job.tokens, tokens) != 0
 
 
+cdef inline int _row_let(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
+    """:func:`_row` for a request the walk holds, then collections let run where
+    the walk's reference is the last (a property may have dropped every
+    other): the walk lets go of it next, and its release is the caller's
+    code."""
+    _row(job, cache, req, pos)
+    if Py_REFCNT(req) == 1:
+        kv_cache_let(cache)
+    return 0
+
+
 cdef int _row(Job *job, kv_cache *cache, object req, Py_ssize_t pos) except -1:
     """One request's row, read by the reference rule (a request no run took):
     0, or GAVE_UP (quick mode only: nothing raised, nothing but the job
@@ -729,10 +740,8 @@ cdef int _walk_all(Job *job, object reqs) except -1:
                     if pos >= _size(reqs):
                         break
                 req = <object>PySequence_Fast_ITEMS(reqs)[pos]  # a reference of our own
-                _row(job, cache, req, pos)
-                if Py_REFCNT(req) == 1:  # the last reference: its release is the caller's code
-                    kv_cache_let(cache)
-                    req = None
+                _row_let(job, cache, req, pos)
+                req = None  # (after _row_let: its release is the caller's code)
                 pos += 1
         else:
             it = reqs_iter(reqs)
@@ -746,10 +755,8 @@ cdef int _walk_all(Job *job, object reqs) except -1:
                     raise
                 except Exception as exc:
                     raise reqs_read_error(exc, pos) from exc
-                _row(job, cache, req, pos)
-                if Py_REFCNT(req) == 1:  # the last reference: its release is the caller's code
-                    kv_cache_let(cache)
-                    req = None
+                _row_let(job, cache, req, pos)
+                req = None  # (after _row_let: its release is the caller's code)
                 pos += 1
     finally:
         kv_cache_let(cache)
@@ -1071,10 +1078,8 @@ cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
             if pos == m:
                 raise plan_grew_error(m)
             req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
-            _row(job, &cache, req, pos)
-            if Py_REFCNT(req) == 1:  # the last reference: its release is the caller's code
-                kv_cache_let(&cache)
-                req = None
+            _row_let(job, &cache, req, pos)
+            req = None  # (after _row_let: its release is the caller's code)
             pos += 1
     finally:
         kv_cache_let(&cache)

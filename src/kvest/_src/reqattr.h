@@ -41,9 +41,11 @@ enum { KV_COMMITTED = 0, KV_ALLOCATED = 1, KV_NESTED = 2, KV_BEAM = 3, KV_ROWS =
 enum { KV_PURE_OFF = 0, KV_PURE_STRICT = 1, KV_PURE_QUICK = 2 };
 
 /* What a call knows of one type: each name's route and hint (reqroute.h's
- * kv_known, the memo's entries), all under the tag `version`. */
+ * kv_known, the memo's entries; a NULL name: not asked for yet), all under
+ * the tag `version`. */
 typedef struct {
     PyTypeObject *type; /* borrowed: trusted only while the version tag matches */
+    PyTypeObject *of;   /* the type itself (type is NULL where it has no tag) */
     unsigned int version;
     kv_known read[KV_NUM_NAMES];
 } kv_layout;
@@ -93,12 +95,23 @@ static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
         l = &c->slots[c->next];
         c->next = (c->next + 1) % KV_CACHE_SLOTS;
     }
-    for (int k = 0; k < KV_NUM_NAMES; k++)
-        kv_resolve(&l->read[k], t, c->names[k], c->cx.pure);
-    /* Without a version tag the entry is never current: resolved each time. */
+    /* Each name is resolved when first asked for (kv_layout_read); the first
+     * now, whose lookups give t a version tag where it can have one.  Without
+     * a tag the entry is never current: resolved each time. */
+    for (int k = 1; k < KV_NUM_NAMES; k++) l->read[k].name = NULL;
+    kv_resolve(&l->read[0], t, c->names[0], c->cx.pure);
+    l->of = t;
     l->type = l->read[0].type;
     l->version = l->read[0].version;
     return l;
+}
+
+/* What l knows of names[which], resolved when first asked for. */
+KV_HOT kv_known *kv_layout_read(kv_cache *c, kv_layout *l, int which)
+{
+    kv_known *k = &l->read[which];
+    if (k->name == NULL) kv_resolve(k, l->of, c->names[which], c->cx.pure);
+    return k;
 }
 
 /* Records `pos` (where names[which] sits in a dict that holds it) as l's hint. */
@@ -126,7 +139,7 @@ KV_HOT PyObject *kv_read_fast(kv_cache *c, kv_layout *l, int which, PyObject *ob
                                      PyObject ***dictslot)
 {
 #if KV_SHORTCUTS
-    kv_known *r = &l->read[which];
+    kv_known *r = kv_layout_read(c, l, which);
     if (r->route.get == KV_READ_MEMBER) return kv_slot_get(&r->route, obj, c->names[which]);
     if (r->route.get == KV_READ_DICT && r->hint >= 0) {
         if (!KV_DICT_CACHED || *dictslot == NULL) *dictslot = kv_dictptr(&c->cx.gc, obj);
@@ -155,7 +168,7 @@ KV_HOT PyObject *kv_read_fast(kv_cache *c, kv_layout *l, int which, PyObject *ob
 static int kv_read_slow(kv_cache *c, kv_layout *l, int which, PyObject *obj,
                         PyObject **value, PyObject ***dictslot, int *ran)
 {
-    kv_known *r = &l->read[which];
+    kv_known *r = kv_layout_read(c, l, which);
     PyObject *v, *name = c->names[which];
 #if KV_SHORTCUTS
     if (r->route.get == KV_READ_MEMBER) return 0; /* an unset slot */
@@ -408,7 +421,8 @@ static int kv_run_begin(kv_cache *c, kv_run *run, PyObject *first, int at_commit
     if (need_kv) {
         PyObject **dictslot = NULL, *kv;
         l = kv_layout_for(c, rt);
-        if (!kv_run_src_from(&run->kv, &l->read[KV_NESTED], c->names[KV_NESTED], 0)) return 0;
+        if (!kv_run_src_from(&run->kv, kv_layout_read(c, l, KV_NESTED), c->names[KV_NESTED], 0))
+            return 0;
         kv = kv_read_fast(c, l, KV_NESTED, first, &dictslot);
         if (kv == NULL) return 0;
         run->kv_type = Py_TYPE(kv);
@@ -418,7 +432,8 @@ static int kv_run_begin(kv_cache *c, kv_run *run, PyObject *first, int at_commit
         int which = k ? KV_ALLOCATED : beam ? KV_BEAM : KV_COMMITTED;
         int nested = at[k] == KV_AT_NESTED;
         l = kv_layout_for(c, nested ? run->kv_type : rt);
-        if (!kv_run_src_from(&run->len[k], &l->read[which], c->names[which], nested)) return 0;
+        if (!kv_run_src_from(&run->len[k], kv_layout_read(c, l, which), c->names[which], nested))
+            return 0;
     }
     /* Both types' tags were current when their layouts were looked up, and no
      * Python code runs from there to the run's end: the routes hold for it. */

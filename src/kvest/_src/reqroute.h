@@ -105,6 +105,17 @@ static int kv_dict_str_keys(PyObject *dict)
     return 1;
 }
 
+/* A class's own dict (a new reference, or NULL): on 3.12+ the interpreter's
+ * own types keep theirs apart from tp_dict. */
+static inline PyObject *kv_class_dict(PyObject *base)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyType_GetDict((PyTypeObject *)base);
+#else
+    return Py_XNewRef(((PyTypeObject *)base)->tp_dict);
+#endif
+}
+
 /* Whether looking a name up in t's MRO compares no key with code of the
  * caller's (a class dict's key that hashes like the name, with an __eq__ of
  * its own, would run: once per lookup that fails, as CPython keeps no
@@ -119,11 +130,7 @@ static int kv_plain_mro(PyTypeObject *t)
         int plain;
         if (!PyType_Check(base)) return 0;
         if (!(((PyTypeObject *)base)->tp_flags & Py_TPFLAGS_HEAPTYPE)) continue;
-#if PY_VERSION_HEX >= 0x030C0000
-        dict = PyType_GetDict((PyTypeObject *)base);
-#else
-        dict = Py_XNewRef(((PyTypeObject *)base)->tp_dict);
-#endif
+        dict = kv_class_dict(base);
         if (dict == NULL) continue;
         plain = kv_dict_str_keys(dict);
         Py_DECREF(dict); /* the type holds it */
@@ -152,11 +159,7 @@ static PyObject *kv_type_lookup(PyTypeObject *t, PyObject *name, int *unknown)
             *unknown = 1;
             return NULL;
         }
-#if PY_VERSION_HEX >= 0x030C0000
-        dict = PyType_GetDict((PyTypeObject *)base);
-#else
-        dict = Py_XNewRef(((PyTypeObject *)base)->tp_dict);
-#endif
+        dict = kv_class_dict(base);
         if (dict == NULL) continue;
         v = PyDict_GetItemWithError(dict, name); /* borrowed: the type holds its dict */
         Py_DECREF(dict);
@@ -283,15 +286,15 @@ typedef struct {
  * typetag.h). */
 #if KV_SHORTCUTS && KV_PRIVATE
 #define KV_MEMO 1
-#define KV_MEMO_SETS 16
-#define KV_MEMO_WAYS 8
+#define KV_MEMO_SETS 32
+#define KV_MEMO_WAYS 4
 static kv_known kv_memo[KV_MEMO_SETS][KV_MEMO_WAYS];
 static unsigned char kv_memo_next[KV_MEMO_SETS];
 
 KV_HOT unsigned int kv_memo_set(PyTypeObject *t, PyObject *name)
 {
     uint64_t h = ((uint64_t)(uintptr_t)t ^ ((uint64_t)(uintptr_t)name << 1)) * 0x9E3779B97F4A7C15u;
-    return (unsigned int)(h >> 60); /* the top 4 bits: KV_MEMO_SETS */
+    return (unsigned int)(h >> 59); /* the top 5 bits: KV_MEMO_SETS */
 }
 
 /* The entry for (t, name) under t's current tag, or NULL. */
