@@ -22,10 +22,10 @@ link_args = os.environ.get("KVEST_LDFLAGS", "").split()
 SRC = "src/kvest"
 HEADERS = [f"{SRC}/_src/{name}" for name in
            ("loops.h", "loops_body.h", "loops_variant.h", "loops_avx2.h", "rows.h",
-            "reqattr.h", "reqwrite.h", "reqroute.h", "addrorder.h", "typetag.h")]
+            "reqattr.h", "reqwrite.h", "reqroute.h", "addrorder.h", "fence.h")]
 # KVEST_PUBLIC_API_ONLY=1 builds the request kernels on CPython's public API
 # alone, as they are built for any Python newer than the newest one CI tests
-# (src/kvest/_src/typetag.h; docs/development.md lists what that fence keeps out).
+# (src/kvest/_src/fence.h; docs/development.md lists what that fence keeps out).
 public_only = os.environ.get("KVEST_PUBLIC_API_ONLY", "").strip().lower() in (
     "1", "true", "yes", "on")
 common = dict(

@@ -128,11 +128,11 @@ cdef extern from "reqattr.h":
                            int64_t *allocated)
 
 
-cdef extern from "typetag.h":
+cdef extern from "fence.h":
     enum:
         KV_PRIVATE
 
-# Whether this build keeps to CPython's public API (the fence, typetag.h): on
+# Whether this build keeps to CPython's public API (the fence, fence.h): on
 # any Python newer than 3.13, or built with KVEST_PUBLIC_API_ONLY=1 (CI checks it).
 _PUBLIC_API_ONLY = not KV_PRIVATE
 

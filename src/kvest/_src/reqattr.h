@@ -407,7 +407,7 @@ static int kv_run_src_from(kv_run_src *src, const kv_known *r, PyObject *name, i
 static int kv_run_begin(kv_cache *c, kv_run *run, PyObject *first, int at_committed,
                         int at_allocated, int both, int beam)
 {
-#if KV_SHORTCUTS && KV_PRIVATE
+#if KV_PRIVATE
     PyTypeObject *rt = Py_TYPE(first);
     int need_kv = at_committed == KV_AT_NESTED || (both && at_allocated == KV_AT_NESTED);
     int at[2] = {at_committed, at_allocated};
@@ -456,11 +456,11 @@ static int kv_run_begin(kv_cache *c, kv_run *run, PyObject *first, int at_commit
 #endif
 }
 
-#if KV_SHORTCUTS && KV_PRIVATE
+#if KV_PRIVATE
 /* The value src points at in owner (or in dict), borrowed, or NULL. */
 KV_HOT PyObject *kv_run_get(const kv_run_src *src, PyObject *owner, PyObject *dict)
 {
-    if (src->route == KV_READ_MEMBER) return *(PyObject **)((char *)owner + src->where);
+    if (src->route == KV_READ_MEMBER) return kv_slot_at(owner, src->where);
     return kv_dict_at(dict, src->where, src->name);
 }
 
@@ -493,17 +493,16 @@ KV_HOT Py_ssize_t kv_run_loop(const kv_run *run, PyObject *const *items, Py_ssiz
         PyObject *req = items[i], *dict = NULL, *kv = NULL, *v;
         if (Py_TYPE(req) != rt) break;
         if (req_dict) {
-            PyObject **dictptr = _PyObject_GetDictPtr(req);
-            if (dictptr == NULL || (dict = *dictptr) == NULL) break;
+            if ((dict = kv_dict_of(req)) == NULL) break;
         }
         if (usual || kt != NULL) {
             kv = usual ? kv_dict_at(dict, kvs.where, kvs.name) : kv_run_get(&kvs, req, dict);
             if (kv == NULL || Py_TYPE(kv) != kt) break;
         }
-        v = usual ? *(PyObject **)((char *)kv + c.where) : kv_run_get(&c, c.nested ? kv : req, dict);
+        v = usual ? kv_slot_at(kv, c.where) : kv_run_get(&c, c.nested ? kv : req, dict);
         if (!kv_run_value(beam, v, &committed[i - start])) break;
         if (both) {
-            v = usual ? *(PyObject **)((char *)kv + a.where)
+            v = usual ? kv_slot_at(kv, a.where)
                       : kv_run_get(&a, a.nested ? kv : req, dict);
             if (!kv_run_value(0, v, &allocated[i - start])) break;
         }
@@ -521,7 +520,7 @@ static Py_ssize_t kv_run_read(kv_cache *c, const kv_run *run, PyObject *const *i
                               Py_ssize_t start, Py_ssize_t end, int64_t *committed,
                               int64_t *allocated)
 {
-#if KV_SHORTCUTS && KV_PRIVATE
+#if KV_PRIVATE
     kv_gc_hold(&c->cx.gc);
     if (run->nested_slots)
         return kv_run_loop(run, items, start, end, committed, allocated, 1);

@@ -2,7 +2,7 @@
  * The attribute-route core, one for the readers (reqattr.h) and the writers
  * (reqwrite.h): how getattr(obj, name) and setattr(obj, name, value) go for
  * one type, worked out once and trusted while the type's version tag holds
- * (typetag.h); the instance dict found without letting a collection run; and
+ * (fence.h); the instance dict found without letting a collection run; and
  * the dict read that runs no code of the caller's (pure mode).
  *
  *   KV_ROUTE_DICT    the type's getattro (for reads) or setattro (for writes)
@@ -29,11 +29,9 @@
  * collector state, and kvest's own stretches of C code never see a
  * collection.  (A collection's timing is not part of Python's semantics.)
  *
- * Private CPython API used here, on 3.10 to 3.13 (docs/development.md lists
- * them): _PyType_Lookup, _PyObject_GetDictPtr, a slot read and written at
- * its member's offset, the type's version tag kept across calls, T_OBJECT
- * (structmember.h).  Behind the fence (typetag.h: KV_PRIVATE is 0) none is
- * used: the type's MRO dicts are searched with PyDict_GetItemWithError, the
+ * CPython's private API is used only through fence.h's primitives, one
+ * block (docs/development.md lists each use).  Behind the fence (KV_PRIVATE
+ * is 0) none is used: the type's MRO dicts are searched with PyDict_GetItemWithError, the
  * instance dict is PyObject_GenericGetDict's, a slot is read and written
  * with PyObject_GetAttr/PyObject_SetAttr (proven to be the member
  * descriptor's own get and set), routes last one call, and only in pure
@@ -45,47 +43,11 @@
 #include <Python.h>
 #include <string.h>
 
-#include "typetag.h"
-
-/* Without a GIL a slot or dict read behind the interpreter's back would race:
- * there every access is generic. */
-#ifdef Py_GIL_DISABLED
-#define KV_SHORTCUTS 0
-#else
-#define KV_SHORTCUTS 1
-#endif
-
-#if KV_SHORTCUTS && (KV_PRIVATE || PY_VERSION_HEX < 0x030C0000)
-#include <structmember.h> /* the member types' names before 3.12 */
-#endif
-#if PY_VERSION_HEX >= 0x030C0000
-#define KV_T_OBJECT_EX Py_T_OBJECT_EX
-#define KV_READONLY Py_READONLY
-#define KV_AUDIT_READ Py_AUDIT_READ
-#else
-#define KV_T_OBJECT_EX T_OBJECT_EX
-#define KV_READONLY READONLY
-#define KV_AUDIT_READ PY_AUDIT_READ
-#endif
-
-/* The per-request reads, inlined into the walk whatever the compiler's
- * budget says (tools/instructions.py counts them). */
-#if defined(__GNUC__) || defined(__clang__)
-#define KV_HOT static inline __attribute__((always_inline))
-#else
-#define KV_HOT static inline
-#endif
-
-enum { KV_ROUTE_GENERIC = 0, KV_ROUTE_DICT = 1, KV_ROUTE_MEMBER = 2 };
+#include "fence.h"
 
 /* A read or write that would need code of the caller's, in pure mode: nothing set. */
 #define KV_IMPURE (-2)
 
-typedef struct {
-    unsigned char get, set;      /* KV_ROUTE_* */
-    unsigned char none_if_unset; /* T_OBJECT: an unset slot reads as None */
-    Py_ssize_t offset;           /* KV_ROUTE_MEMBER */
-} kv_route;
 
 /* Whether a dict's lookup compares key, if it meets it, with no code of the
  * caller's: an exact str or an exact int (their own comparisons). */
@@ -105,16 +67,6 @@ static int kv_dict_str_keys(PyObject *dict)
     return 1;
 }
 
-/* A class's own dict (a new reference, or NULL): on 3.12+ the interpreter's
- * own types keep theirs apart from tp_dict. */
-static inline PyObject *kv_class_dict(PyObject *base)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    return PyType_GetDict((PyTypeObject *)base);
-#else
-    return Py_XNewRef(((PyTypeObject *)base)->tp_dict);
-#endif
-}
 
 /* Whether looking a name up in t's MRO compares no key with code of the
  * caller's (a class dict's key that hashes like the name, with an __eq__ of
@@ -139,41 +91,6 @@ static int kv_plain_mro(PyTypeObject *t)
     return 1;
 }
 
-#if KV_SHORTCUTS
-/* What the MRO of t defines under name (borrowed), or NULL; *unknown is set
- * when that could not be told. */
-static PyObject *kv_type_lookup(PyTypeObject *t, PyObject *name, int *unknown)
-{
-#if KV_PRIVATE
-    (void)unknown;
-    return _PyType_Lookup(t, name); /* sets no error */
-#else
-    PyObject *mro = t->tp_mro;
-    if (mro == NULL || !PyTuple_Check(mro)) {
-        *unknown = 1;
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(mro); i++) {
-        PyObject *base = PyTuple_GET_ITEM(mro, i), *dict, *v;
-        if (!PyType_Check(base)) {
-            *unknown = 1;
-            return NULL;
-        }
-        dict = kv_class_dict(base);
-        if (dict == NULL) continue;
-        v = PyDict_GetItemWithError(dict, name); /* borrowed: the type holds its dict */
-        Py_DECREF(dict);
-        if (v != NULL) return v;
-        if (PyErr_Occurred()) {
-            PyErr_Clear();
-            *unknown = 1;
-            return NULL;
-        }
-    }
-    return NULL;
-#endif
-}
-#endif
 
 #if KV_SHORTCUTS
 /* Whether t's __dict__ is the interpreter's own: the MRO's first __dict__ a
@@ -259,7 +176,7 @@ static void kv_route_work_out(kv_route *r, PyTypeObject *t, PyObject *name, int 
 }
 
 /* Whether what was worked out for t under tag `version` still holds
- * (behind the fence: for the rest of the call, typetag.h). */
+ * (behind the fence: for the rest of the call, fence.h). */
 KV_HOT int kv_route_current(PyTypeObject *known, unsigned int version, PyTypeObject *t)
 {
     return known == t && kv_tag_valid(t) && kv_tag(t) == version;
@@ -283,8 +200,8 @@ typedef struct {
  * KV_MEMO_WAYS entries, a (type, name) always in the same set, each set
  * replacing its oldest entry.  A batch's few types and names never crowd one
  * another out.  Behind the fence none (a tag keys nothing past a call there,
- * typetag.h). */
-#if KV_SHORTCUTS && KV_PRIVATE
+ * fence.h). */
+#if KV_PRIVATE
 #define KV_MEMO 1
 #define KV_MEMO_SETS 32
 #define KV_MEMO_WAYS 4
@@ -359,153 +276,7 @@ static void kv_learned(kv_known *k, Py_ssize_t pos)
 #endif
 }
 
-/* Whether v (an exact int) is a one-digit int (below 2^30 in magnitude), with
- * its value in *x, read where the int keeps it: no call.  0 tells nothing (the
- * caller then asks PyLong_AsLongLongAndOverflow). */
-KV_HOT int kv_small_int(PyObject *v, long long *x)
-{
-#if KV_PRIVATE && PY_VERSION_HEX >= 0x030C0000
-    if (PyUnstable_Long_IsCompact((PyLongObject *)v)) {
-        *x = (long long)PyUnstable_Long_CompactValue((PyLongObject *)v);
-        return 1;
-    }
-#elif KV_PRIVATE && PY_VERSION_HEX >= 0x030B0000
-    Py_ssize_t size = Py_SIZE(v);
-    if (size >= -1 && size <= 1) {
-        *x = size * (long long)((PyLongObject *)v)->ob_digit[0];
-        return 1;
-    }
-#else
-    (void)v;
-    (void)x;
-#endif
-    return 0;
-}
 
-/* dict's value for name when name sits at hint `pos` (borrowed), else NULL:
- * exactly what CPython's own lookup gives, or NULL for "ask the lookup".
- * Keys are unique, so the name found there is the dict's entry for it -- but
- * the lookup may meet another key first and compare it with its own __eq__
- * (a key that is not an exact str, hashing like name), which may answer
- * otherwise.  So a dict whose keys may not all be exact str is never read
- * here.  Only on 3.11 to 3.13 (GIL builds, KV_PRIVATE) does a dict say that
- * of itself (its keys' kind), and there a combined table's entry is read
- * where the dict keeps it -- CPython's own layout
- * (Include/internal/pycore_dict.h), only its fields read here -- once
- * kv_dict_entries_check() has found that read to agree with PyDict_Next;
- * a split table (shared keys: str only) is read with PyDict_Next.  Elsewhere
- * nothing is read here. */
-static int kv_dict_entries_ok; /* set once kv_dict_entries_check() agrees */
-#if KV_SHORTCUTS && KV_PRIVATE && PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
-#define KV_DICT_ENTRIES 1
-typedef struct {
-    Py_ssize_t refcnt;
-    uint8_t log2_size, log2_index_bytes, kind;
-    uint32_t version;
-    Py_ssize_t usable, nentries;
-    char indices[];
-} kv_dict_keys;
-enum { KV_KEYS_GENERAL = 0, KV_KEYS_STR = 1, KV_KEYS_SPLIT = 2 }; /* DictKeysKind */
-typedef struct {
-    Py_hash_t hash;
-    PyObject *key, *value;
-} kv_dict_entry; /* kind 0: keys of any type */
-typedef struct {
-    PyObject *key, *value;
-} kv_dict_str_entry; /* kinds 1 and 2: exact str keys only */
-
-/* The entry at pos of a combined table of either kind, or NULL with *known 0
- * where the table is not one: what the import check holds against
- * PyDict_Next. */
-KV_HOT PyObject *kv_dict_entry_at(PyObject *dict, Py_ssize_t pos, PyObject *name,
-                                  int *known)
-{
-    PyDictObject *d = (PyDictObject *)dict;
-    kv_dict_keys *k = (kv_dict_keys *)d->ma_keys;
-    *known = 0;
-    if (d->ma_values != NULL || pos >= k->nentries || k->kind > KV_KEYS_STR) return NULL;
-    *known = 1;
-    char *entries = k->indices + ((size_t)1 << k->log2_index_bytes);
-    if (k->kind == KV_KEYS_STR) {
-        kv_dict_str_entry *e = (kv_dict_str_entry *)entries + pos;
-        return e->key == name ? e->value : NULL;
-    }
-    kv_dict_entry *e = (kv_dict_entry *)entries + pos;
-    return e->key == name ? e->value : NULL;
-}
-
-KV_HOT PyObject *kv_dict_at(PyObject *dict, Py_ssize_t pos, PyObject *name)
-{
-    PyDictObject *d = (PyDictObject *)dict;
-    kv_dict_keys *k = (kv_dict_keys *)d->ma_keys;
-    PyObject *key, *v;
-    if (pos < 0 || !kv_dict_entries_ok) return NULL;
-    if (k->kind == KV_KEYS_STR && d->ma_values == NULL) { /* combined, str keys */
-        if (pos >= k->nentries) return NULL;
-        kv_dict_str_entry *e =
-            (kv_dict_str_entry *)(k->indices + ((size_t)1 << k->log2_index_bytes)) + pos;
-        return e->key == name ? e->value : NULL;
-    }
-    if (k->kind == KV_KEYS_SPLIT && PyDict_Next(dict, &pos, &key, &v) && key == name)
-        return v; /* shared keys: str only */
-    return NULL;
-}
-#else
-#define KV_DICT_ENTRIES 0
-KV_HOT PyObject *kv_dict_at(PyObject *dict, Py_ssize_t pos, PyObject *name)
-{
-    (void)dict;
-    (void)pos;
-    (void)name;
-    return NULL;
-}
-#endif
-
-/* At import: whether the entry read agrees with PyDict_Next at every position
- * of dicts of each kind (str keys, other keys, deleted entries, one- and
- * two-byte indices), for a name that is there and one that is not.  Returns
- * 0, or -1 with an exception set; the entry read is used only after 1. */
-static int kv_dict_entries_check(void)
-{
-#if KV_DICT_ENTRIES
-    int agree = 1;
-    for (int round = 0; round < 4 && agree; round++) {
-        PyObject *dict = PyDict_New(), *absent = PyUnicode_InternFromString("kvest-absent");
-        if (dict == NULL || absent == NULL) {
-            Py_XDECREF(dict);
-            Py_XDECREF(absent);
-            return -1;
-        }
-        int n = round < 2 ? 12 : 400, ok = 1;
-        for (int i = 0; i < n && ok; i++) {
-            PyObject *key = round % 2 ? PyLong_FromLong(i) : PyUnicode_FromFormat("k%d", i);
-            if (key != NULL && round % 2 == 0) PyUnicode_InternInPlace(&key);
-            ok = key != NULL && PyDict_SetItem(dict, key, key) == 0;
-            if (ok && i % 5 == 3) ok = PyDict_DelItem(dict, key) == 0;
-            Py_XDECREF(key);
-        }
-        if (!ok) {
-            Py_DECREF(dict);
-            Py_DECREF(absent);
-            return -1;
-        }
-        kv_dict_keys *k = (kv_dict_keys *)((PyDictObject *)dict)->ma_keys;
-        for (Py_ssize_t pos = 0; pos < k->nentries + 2 && agree; pos++) {
-            Py_ssize_t at = pos;
-            PyObject *key = NULL, *v = NULL, *got;
-            int known, has = PyDict_Next(dict, &at, &key, &v) && at == pos + 1;
-            got = kv_dict_entry_at(dict, pos, has ? key : absent, &known);
-            if (pos < k->nentries)
-                agree = known && got == (has ? v : NULL);
-            agree = agree && kv_dict_entry_at(dict, pos, absent, &known) == NULL;
-        }
-        Py_DECREF(dict);
-        Py_DECREF(absent);
-    }
-    kv_dict_entries_ok = agree;
-#endif
-    return 0;
-}
 
 #if KV_DICT_ENTRIES
 /* Where name sits in dict (which holds it under that very key), or -1. */
@@ -519,37 +290,6 @@ static Py_ssize_t kv_dict_position(PyObject *dict, PyObject *name)
 }
 #endif
 
-/* ------------------------------------------------------------ collections */
-
-typedef struct {
-    int held;  /* collections held off by this call */
-    int saved; /* the collector's state before (PyGC_Disable's answer) */
-    PyObject *dict; /* behind the fence: the instance dict last looked up (borrowed) */
-} kv_gc;
-
-static inline void kv_gc_init(kv_gc *g)
-{
-    g->held = 0;
-    g->saved = 0;
-    g->dict = NULL;
-}
-
-KV_HOT void kv_gc_hold(kv_gc *g)
-{
-    if (!g->held) {
-        g->saved = PyGC_Disable();
-        g->held = 1;
-    }
-}
-
-/* Before code of the caller's runs, and when the call ends. */
-static inline void kv_gc_let(kv_gc *g)
-{
-    if (g->held) {
-        g->held = 0;
-        if (g->saved) PyGC_Enable();
-    }
-}
 
 /* o (NULL: nothing) let go, a reference of kvest's own to an object of the
  * caller's.  Where it is the last, the release may run a finalizer -- the
@@ -603,52 +343,6 @@ static void kv_learn(kv_ctx *cx, kv_known *k, PyObject *dict)
 #endif
 }
 
-#if KV_SHORTCUTS
-/* Where obj keeps its instance dict (building it on 3.11+), collections held
- * off; NULL when it has none.  Behind the fence the dict is
- * PyObject_GenericGetDict's, which obj keeps, and the place handed back is
- * the call's own: good only until the next lookup (KV_DICT_CACHED is 0, and
- * the callers look up again before each use). */
-#define KV_DICT_CACHED KV_PRIVATE
-KV_HOT PyObject **kv_dictptr(kv_gc *g, PyObject *obj)
-{
-    kv_gc_hold(g);
-#if KV_PRIVATE
-    return _PyObject_GetDictPtr(obj);
-#else
-    PyObject *d = PyObject_GenericGetDict(obj, NULL);
-    if (d == NULL) {
-        PyErr_Clear(); /* no instance dict: the generic lookup says what is missing */
-        return NULL;
-    }
-    g->dict = d;
-    Py_DECREF(d); /* obj holds it, and no code runs before its use */
-    return &g->dict;
-#endif
-}
-
-/* obj's slot at r (a member route): a borrowed reference, or NULL (nothing
- * set) when it is unset.  Behind the fence PyObject_GetAttr reads it, which
- * the route proves is the member descriptor's own get (no code of the
- * caller's). */
-KV_HOT PyObject *kv_slot_get(const kv_route *r, PyObject *obj, PyObject *name)
-{
-#if KV_PRIVATE
-    (void)name;
-    PyObject *v = *(PyObject **)((char *)obj + r->offset);
-    return v != NULL ? v : (r->none_if_unset ? Py_None : NULL);
-#else
-    (void)r;
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (v == NULL) {
-        PyErr_Clear(); /* AttributeError: the slot is unset */
-        return NULL;
-    }
-    Py_DECREF(v); /* the slot holds it */
-    return v;
-#endif
-}
-#endif
 
 /* ------------------------------------------------------- pure dict reads */
 

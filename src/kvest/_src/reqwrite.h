@@ -119,13 +119,9 @@ static inline int kw_set(kv_ctx *cx, kv_known *s, PyObject *obj, PyObject *value
     kw_route(cx, s, Py_TYPE(obj));
 #if KV_SHORTCUTS
     if (s->route.set == KV_ROUTE_MEMBER) {
-#if !KV_PRIVATE
-        /* The member descriptor's own set: behind the fence, routes are taken
-         * in pure mode only, whose check proved the old value an exact int. */
-        return PyObject_SetAttr(obj, s->name, value);
-#endif
+#if KV_PRIVATE
         /* What the member descriptor's __set__ does (PyMember_SetOne). */
-        PyObject **slot = (PyObject **)((char *)obj + s->route.offset);
+        PyObject **slot = kv_slot_ptr(obj, s->route.offset);
         PyObject *old = *slot;
         if (old != NULL && !PyLong_CheckExact(old)) {
             *pure = 0;
@@ -134,6 +130,11 @@ static inline int kw_set(kv_ctx *cx, kv_known *s, PyObject *obj, PyObject *value
         *slot = Py_NewRef(value);
         Py_XDECREF(old);
         return 0;
+#else
+        /* The member descriptor's own set: behind the fence, routes are taken
+         * in pure mode only, whose check proved the old value an exact int. */
+        return PyObject_SetAttr(obj, s->name, value);
+#endif
     }
     if (!cx->pure) {
         /* The store compares keys (a colliding key's own __eq__) and
@@ -306,7 +307,7 @@ static inline int kw_add_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObjec
 KV_HOT PyObject **kw_quick_slot(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
                                        PyObject **owner)
 {
-#if KV_SHORTCUTS && KV_PRIVATE
+#if KV_PRIVATE
     PyObject *obj = *owner != NULL ? *owner : req, **slot;
     for (Py_ssize_t i = 0; *owner == NULL && i + 1 < n; i++) {
         kv_known *s = &steps[i];
@@ -324,7 +325,7 @@ KV_HOT PyObject **kw_quick_slot(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObj
     kv_known *s = &steps[n - 1];
     kw_route(cx, s, Py_TYPE(obj));
     if (s->route.get != KV_ROUTE_MEMBER || s->route.set != KV_ROUTE_MEMBER) return NULL;
-    slot = (PyObject **)((char *)obj + s->route.offset);
+    slot = kv_slot_ptr(obj, s->route.offset);
     if (*slot == NULL || !PyLong_CheckExact(*slot)) return NULL;
     *owner = obj;
     return slot;

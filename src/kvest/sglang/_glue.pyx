@@ -30,7 +30,7 @@ import builtins as _builtins
 cnp.import_array()
 
 
-cdef extern from "typetag.h":
+cdef extern from "fence.h":
     enum:
         KV_PRIVATE
     bint kv_tag_valid(PyTypeObject *t)
@@ -58,7 +58,7 @@ def _type_version(cls):
     """``cls``'s version tag (after a lookup, which gives it one where it can
     have one), or 0 where it has none or the build keeps to the public API:
     what the SGLang glue keys what it worked out for a class by.  CPython
-    changes the tag whenever the class or a base changes (typetag.h)."""
+    changes the tag whenever the class or a base changes (fence.h)."""
     if not isinstance(cls, type):
         raise TypeError("cls: a type")
     if not KV_PRIVATE:
