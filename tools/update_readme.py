@@ -14,15 +14,19 @@ for that run only).  It replaces the text between the ``bench:start`` and
 ``bench:end`` markers of docs/benchmarks.md with what they wrote.  Without
 ``--sglang-python`` the real-SGLang part is kept as it was; with
 ``--sglang-only`` only the real-SGLang part is rerun, and the array and object
-tables (each headed by the run it came from) and ``bench.png`` are kept.
+tables (each headed by the run it came from) and ``bench.png`` are kept.  The
+tables are cut to what a reader needs (the generators' ``dense``; the
+terminal shows every cell), and docs/benchmarks.md must stay within 3,000
+words (tests/test_bench.py).
 
 Either way, the README's headline (the sentence between the
 ``bench-headline`` markers and the short table between the ``bench-table``
 markers) is then derived from the real-SGLang part of docs/benchmarks.md, so
 the two files always show the same run.  ``--from-recorded`` runs nothing and
 only rewrites the README's headline from docs/benchmarks.md; ``--redraw`` also
-re-renders the recorded tables, verdicts and figures with the current code from
-the recorded numbers (no new measurement).
+cuts the recorded tables and verdicts as the current code does, every kept cell
+as recorded, and redraws a figure where the page still holds all its points
+(tools/redraw_bench.py; no new measurement).
 """
 
 from __future__ import annotations

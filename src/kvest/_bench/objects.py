@@ -201,7 +201,18 @@ def targets(rows: list[ObjectRow]) -> list[Verdict]:
                 continue
             ratios = [(r.n, r.times["loop"] / r.times["kvest layout="]) for r in picked]
             met = all(x >= (want256 if n == 256 else want) for n, x in ratios)
-            label = f"{shape.label}, {fn}: ≥ {want:g}×" + (
-                f" ({want256:g}× at 256)" if want256 != want else "")
-            out.append((label, ", ".join(f"{x:.1f}× at {n:,}" for n, x in ratios), met))
+            out.append((_label(shape, fn), ", ".join(f"{x:.1f}× at {n:,}" for n, x in ratios),
+                        met))
     return out
+
+
+def _label(shape: Shape, fn: str) -> str:
+    want, want256 = TARGETS[fn]
+    return f"{shape.label}, {fn}: ≥ {want:g}×" + (
+        f" ({want256:g}× at 256)" if want256 != want else "")
+
+
+def target_labels() -> list[str]:
+    """Every target :func:`targets` can judge (docs/benchmarks.md shows the
+    verdicts without the table, and tools/redraw_bench.py keeps these)."""
+    return [_label(shape, fn) for shape in SHAPES[1:] for fn in TARGETS]

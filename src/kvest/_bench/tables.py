@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 def fmt_time(seconds: float | None) -> str:
     """``1.23 µs``: three significant digits in the largest unit below the value."""
@@ -34,3 +36,27 @@ def render(head: list[str], body: list[list[str]], markdown: bool, left: int = 1
         "  ".join(c.ljust(w) if i < left else c.rjust(w)
                   for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
         for cells in [head, ["-" * w for w in widths], *body])
+
+
+def select(table: str, column: Callable[[str], bool],
+           row: Callable[[dict[str, str]], bool] = lambda cells: True) -> str:
+    """A Markdown table cut down: the columns whose header ``column`` keeps, the
+    rows ``row`` keeps (given header -> cell), every kept cell as it was.
+
+    What docs/benchmarks.md shows of a run: the generators render the whole
+    table and cut it with this, and ``tools/redraw_bench.py`` cuts a recorded
+    table the same way, so a cut never changes a recorded figure."""
+    lines = table.strip("\n").split("\n")
+    split = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    head = split[0]
+    keep = [i for i, h in enumerate(head) if column(h)]
+    out = []
+    for k, (line, cells) in enumerate(zip(lines, split, strict=True)):
+        if k > 1 and not row(dict(zip(head, cells, strict=True))):
+            continue
+        if k == 1:  # the rule row: each column's alignment as it was
+            cells = [c for c in line.strip().strip("|").split("|")]
+            out.append("|" + "|".join(cells[i] for i in keep) + "|")
+        else:
+            out.append("| " + " | ".join(cells[i] for i in keep) + " |")
+    return "\n".join(out)
