@@ -141,6 +141,10 @@ _PUBLIC_API_ONLY = not KV_PRIVATE
 # 3.13, found at import to agree with PyDict_Next; reqroute.h), for the tests.
 kv_dict_entries_check()
 _DICT_ENTRIES = bool(KV_DICT_ENTRIES and kv_dict_entries_ok)
+# The order policies (address order, backward) pay only where a request is
+# read by loads alone, dict entries included (docs/benchmarks.md measures
+# them there): elsewhere a batch is read in order.
+cdef bint _ORDERS = KV_ADDRESS_ORDER and _DICT_ENTRIES
 
 
 cdef extern from "addrorder.h":
@@ -586,7 +590,7 @@ def _backward_walks(min_requests=None):
 
 cdef inline bint _may_reorder(Job *job, Py_ssize_t m) noexcept:
     """Whether a walk of m rows of this job may go in address order at all."""
-    return KV_ADDRESS_ORDER and m >= _order_min and job.kind != PLAN
+    return _ORDERS and m >= _order_min and job.kind != PLAN
 
 
 cdef int _by_address(Job *job, PyObject **items, Py_ssize_t m) except -1:
@@ -640,7 +644,7 @@ cdef int _backward(Job *job, object reqs) except -1:
     cdef bint done
     # Only where a run could start (the kinds runs read; a length either place
     # makes the quick reads give up at the first request keeping it in req.kv).
-    if not (KV_ADDRESS_ORDER and m >= _backward_min and _first_run(job, m) == 0
+    if not (_ORDERS and m >= _backward_min and _first_run(job, m) == 0
             and (job.kind != PLAN or (job.rows - job.row == m and job.own_out))):
         return 0
     # Borrowed: reqs holds them, and nothing runs that could change it (the
