@@ -68,56 +68,46 @@ def _type_version(cls):
     return kv_tag(t) if kv_tag_valid(t) else 0
 
 
+cdef enum:
+    _UPSTREAM = 0  # a call's outcome (kvest.sglang.monitor.UPSTREAM, KERNEL, FALLBACK)
+    _KERNEL = 1
+    _FALLBACK = 2
+
+
 cdef class _Tally:
-    """A hot spot's counters (kvest.sglang.monitor.Spot reads them): ``calls``
-    (the rewritten function's prologue, :meth:`tick`), ``kernel`` and
-    ``fallbacks`` once per call each (``last_*``: the call last counted)."""
+    """A hot spot's counters (kvest.sglang.monitor.Spot reads them): each call
+    counted once, when its outcome is final -- by the rewritten function as
+    it ends (:meth:`count`, with the outcome it kept in a local of its own),
+    or by a whole function's glue at its one decision.  They only grow, and
+    each is one C increment under the GIL: no count is lost between threads,
+    and none is ever taken back."""
 
-    cdef public long long calls, kernel, fallbacks, last_kernel, last_fallback
+    cdef readonly long long kernel, fallbacks, upstream
 
-    def __cinit__(self):
-        self.last_kernel = -1
-        self.last_fallback = -1
+    def count(self, int seen):
+        """One call ended: ``seen`` 1 (a kernel answered, none declined), 2 (a
+        kernel declined) or 0 (neither: upstream's on purpose, or no compiled
+        statement reached)."""
+        if seen == _KERNEL:
+            self.kernel += 1
+        elif seen == _UPSTREAM:
+            self.upstream += 1
+        else:
+            self.fallbacks += 1
 
-    def tick(self):
-        """One more call of the hot spot (the rewritten function's first statement)."""
-        self.calls += 1
-
-    def answered(self, answer):
-        """``answer``, a kernel's, counted (the Python glue's one call for it)."""
-        return _answered(self, answer)
-
-    def declined(self, declined):
-        """``declined``, a decline's marker, counted."""
-        return _declined(self, declined)
-
-
-cdef inline object _answered(_Tally t, object answer):
-    """A kernel's answer, counted once per call and only in a call with no decline."""
-    if t.last_kernel != t.calls and t.last_fallback != t.calls:
-        t.kernel += 1
-        t.last_kernel = t.calls
-    return answer
-
-
-cdef inline object _declined(_Tally t, object declined):
-    """A decline, counted once per call (a call with one is a fallback)."""
-    if t.last_fallback != t.calls:
-        t.fallbacks += 1
-        t.last_fallback = t.calls
-        if t.last_kernel == t.calls:
-            t.kernel -= 1
-    return declined
+    @property
+    def calls(self):
+        return self.kernel + self.fallbacks + self.upstream
 
 
 cdef class _Glue:
-    """What every compiled glue holds: the hot spot's tally, the DECLINED
-    marker, the monitor's state with its first-call hook, the builtin the
-    statement must still read.  Nothing a call reads is kept here but the
+    """What every compiled glue holds: the DECLINED marker, the monitor's
+    state with its first-call hook, the builtin the statement must still
+    read.  A statement's glue counts nothing (the rewritten function counts
+    each call once, as it ends).  Nothing a call reads is kept here but the
     last job made ready: each walk has its own reader state, so two threads
     on one glue share nothing that a call changes."""
 
-    cdef _Tally tally
     cdef object declined, state, first_call, builtin
     cdef bint announced  # the status line is out: no need to look again
     cdef Job job  # the last (page size, reserve)'s, made ready (_glue_job) once
@@ -126,8 +116,7 @@ cdef class _Glue:
     def __cinit__(self):
         self.job_p = 0
 
-    def __init__(self, _Tally tally, declined, state, first_call, builtin):
-        self.tally = tally
+    def __init__(self, declined, state, first_call, builtin):
         self.declined = declined
         self.state = state
         self.first_call = first_call
@@ -159,8 +148,8 @@ cdef class _DecodeCountGlue(_Glue):
 
     cdef object layout
 
-    def __init__(self, _Tally tally, declined, state, first_call, builtin, layout):
-        _Glue.__init__(self, tally, declined, state, first_call, builtin)
+    def __init__(self, declined, state, first_call, builtin, layout):
+        _Glue.__init__(self, declined, state, first_call, builtin)
         self.layout = layout
 
     def run(self, requests, page_size, sum_):
@@ -180,8 +169,8 @@ cdef class _DecodeCountGlue(_Glue):
                 else:
                     # (the kernel answers in tokens, which must fit int64)
                     if job.count <= <uint64_t>(INT64_MAX // p):
-                        return _answered(self.tally, job.count)
-        return _declined(self.tally, self.declined)
+                        return job.count
+        return self.declined
 
 
 cdef class _BeamTailGlue(_Glue):
@@ -191,8 +180,8 @@ cdef class _BeamTailGlue(_Glue):
     dict's entry, or a slot), so that upstream's loop, if it runs, reads the
     same list."""
 
-    def __init__(self, _Tally tally, declined, state, first_call, builtin):
-        _Glue.__init__(self, tally, declined, state, first_call, builtin)
+    def __init__(self, declined, state, first_call, builtin):
+        _Glue.__init__(self, declined, state, first_call, builtin)
         _glue_job(&self.job, BEAM_GROUPS, 1, 0, None)
 
     def run(self, owner, enumerate_):
@@ -208,8 +197,8 @@ cdef class _BeamTailGlue(_Glue):
                     pass  # upstream's loop raises its own exception
                 else:
                     if job.count == 0:
-                        return _answered(self.tally, None)
-        return _declined(self.tally, self.declined)
+                        return None
+        return self.declined
 
 
 cdef class _SpecV2TotalGlue(_Glue):
@@ -222,9 +211,9 @@ cdef class _SpecV2TotalGlue(_Glue):
     cdef object layout, factor, ceil_align, ceil_div, align_code, div_code
     cdef dict home
 
-    def __init__(self, _Tally tally, declined, state, first_call, builtin, layout, factor,
-                 ceil_align, ceil_div):
-        _Glue.__init__(self, tally, declined, state, first_call, builtin)
+    def __init__(self, declined, state, first_call, builtin, layout, factor, ceil_align,
+                 ceil_div):
+        _Glue.__init__(self, declined, state, first_call, builtin)
         self.layout, self.factor = layout, factor
         self.ceil_align, self.ceil_div = ceil_align, ceil_div
         self.home = ceil_align.__globals__
@@ -250,8 +239,8 @@ cdef class _SpecV2TotalGlue(_Glue):
                 except Exception:
                     pass  # upstream's loop raises its own exception
                 else:
-                    return _answered(self.tally, total + job.tokens)
-        return _declined(self.tally, self.declined)
+                    return total + job.tokens
+        return self.declined
 
 
 cdef enum:
@@ -280,9 +269,11 @@ cdef class _AllocLensGlue(_Glue):
     """``page_aligned_decode_alloc_lens`` for its int32 callers, the whole
     function: ``(cur, nxt, tokens)`` as int32 arrays, or below
     ``lists_below`` requests as upstream's lists; ``declined`` (counted) where
-    upstream's function must answer.  It counts the call itself.  The Python
-    twin is kvest.sglang.glue.make_alloc_lens_int32's function."""
+    upstream's function must answer.  It counts the call itself, once, at
+    its one decision.  The Python twin is kvest.sglang.glue.make_alloc_lens_int32's
+    function."""
 
+    cdef _Tally tally
     cdef dict namespace
     cdef tuple names, expected
     cdef object layout, missing
@@ -290,7 +281,8 @@ cdef class _AllocLensGlue(_Glue):
 
     def __init__(self, _Tally tally, declined, state, first_call, dict namespace, tuple names,
                  tuple expected, missing, layout, Py_ssize_t lists_below):
-        _Glue.__init__(self, tally, declined, state, first_call, None)
+        _Glue.__init__(self, declined, state, first_call, None)
+        self.tally = tally
         if not 0 <= lists_below <= _LISTS_MAX:
             raise ValueError(f"lists_below: 0 to {_LISTS_MAX}")
         self.namespace, self.names, self.expected = namespace, names, expected
@@ -323,7 +315,6 @@ cdef class _AllocLensGlue(_Glue):
         cdef Py_ssize_t m, i
         cdef cnp.npy_intp dims
         self._announce()
-        self.tally.calls += 1
         try:
             if self._ready(&job, reqs, reserve, page_size):
                 m = dims = len(reqs)
@@ -332,8 +323,10 @@ cdef class _AllocLensGlue(_Glue):
                     job.cur, job.nxt = &cur[0], &nxt[0]
                     _walk_all(&job, reqs)
                     if job.row == m:
-                        return _answered(self.tally, (
-                            [cur[i] for i in range(m)], [nxt[i] for i in range(m)], job.tokens))
+                        answer = ([cur[i] for i in range(m)], [nxt[i] for i in range(m)],
+                                  job.tokens)
+                        self.tally.kernel += 1
+                        return answer
                 else:
                     cur_out = cnp.PyArray_EMPTY(1, &dims, cnp.NPY_INT32, 0)
                     nxt_out = cnp.PyArray_EMPTY(1, &dims, cnp.NPY_INT32, 0)
@@ -342,7 +335,9 @@ cdef class _AllocLensGlue(_Glue):
                     job.cur32 = job.nxt32 = True
                     _walk_all(&job, reqs)
                     if job.row == m:
-                        return _answered(self.tally, (cur_out, nxt_out, job.tokens))
+                        self.tally.kernel += 1
+                        return cur_out, nxt_out, job.tokens
         except Exception:
             pass  # upstream's function raises its own exception
-        return _declined(self.tally, self.declined)
+        self.tally.fallbacks += 1
+        return self.declined

@@ -7,8 +7,12 @@ for -- the builtins and helpers are the objects kvest checked, scalars are
 exact Python ints, the requests an exact list or tuple, every length an exact
 int the kernel reads -- and returns :data:`DECLINED` otherwise, so that
 upstream's own statement runs (outside any handler: its exceptions carry no
-trace of kvest) and gives upstream's answer or exception.  Each decline is
-counted once per call of the hot spot (:func:`kvest.sglang.monitor.declined`).
+trace of kvest) and gives upstream's answer or exception; or :data:`HANDED`,
+where a batch too small to gain goes to upstream's statement on purpose.  A
+statement's glue counts nothing: the rewritten function keeps each call's
+outcome in a local of its own and counts it once, when the call ends
+(:func:`kvest.sglang.rewrite.rebuild`).  A whole-function replacement makes one
+decision per call and counts it there, once.
 
 Whole-function replacements (``get_num_new_pages``, and
 ``page_aligned_decode_alloc_lens`` for callers that turn its lists straight
@@ -32,7 +36,7 @@ from kvest.sglang import monitor
 from kvest.sglang.patterns import Pattern
 from kvest.sglang.registry import KINDS
 
-__all__ = ["DECLINED", "make_alloc_lens_int32", "make_num_new_pages"]
+__all__ = ["DECLINED", "HANDED", "make_alloc_lens_int32", "make_num_new_pages"]
 
 
 class _Declined:
@@ -46,23 +50,26 @@ class _Declined:
 
 DECLINED: Any = _Declined()
 
+
+class _Handed:
+    """What a glue returns when a batch too small to gain goes to upstream's
+    statement on purpose (counted as ``upstream``, not as a fallback)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "kvest.sglang.glue.HANDED"
+
+
+HANDED: Any = _Handed()
+
 _SUM, _MAX, _ENUMERATE, _ZIP = builtins.sum, builtins.max, builtins.enumerate, builtins.zip
 _SEQUENCES = (list, tuple)
 _itemgetter = operator.itemgetter
 _INT_LIMITS = {np.dtype(np.int64): 2**63 - 1, np.dtype(np.int32): 2**31 - 1}
 
 _STATE = monitor.STATE
-
-
-def _declined(spot: monitor.Spot) -> Any:
-    """Count a decline, once per call of the hot spot (a call with a decline
-    is a fallback, whatever else answered in it); the glue's answer then."""
-    return spot.tally.declined(DECLINED)
-
-
-def _answered(spot: monitor.Spot, answer: Any) -> Any:
-    """Count a kernel's answer, once per call and only in a call with no decline."""
-    return spot.tally.answered(answer)
+_UPSTREAM, _KERNEL, _FALLBACK = monitor.UPSTREAM, monitor.KERNEL, monitor.FALLBACK
 
 
 # The compiled twins of the glues that run at every batch size, each standing
@@ -84,9 +91,17 @@ if kvest.IMPLEMENTATION == "cython":
 
 def _sized(glue: Callable[..., Any], below: int) -> Callable[..., Any]:
     """``glue``, telling the rewrite its crossover: the rewritten function
-    checks a list's size itself, before the call
+    checks a list's size itself, before the call, and runs upstream's
+    statement where the glue answers :data:`HANDED`
     (:func:`kvest.sglang.rewrite.rebuild`)."""
     glue.kvest_below = below  # type: ignore[attr-defined]
+    return glue
+
+
+def _commits(glue: Callable[..., Any]) -> Callable[..., Any]:
+    """``glue``, a writer's: once it starts it is the call's answer (it never
+    hands back), so the rewrite counts the kernel before calling it."""
+    glue.kvest_commits = True  # type: ignore[attr-defined]
     return glue
 
 
@@ -103,17 +118,17 @@ def _first_call() -> None:
 def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
                       ) -> Callable[..., Any]:
     """``n = sum(1 for r in requests if <C> % page_size == 0)``: pages, not tokens."""
-    kernel, spot = kvest.decode_new_tokens_from_reqs, monitor.spot(name)
+    kernel = kvest.decode_new_tokens_from_reqs
     layout, below = pattern.layout, _below(pattern.kind)
     compiled = _COMPILED.get(kernel)
     if compiled is not None and not below:
-        return compiled(spot.tally, DECLINED, _STATE, _first_call, _SUM, layout).run
+        return compiled(DECLINED, _STATE, _first_call, _SUM, layout).run
 
     def decode_count(requests: Any, page_size: Any, sum_: Any) -> int:
         if not _STATE.announced:
             _first_call()
         if type(requests) in _SEQUENCES and len(requests) < below:
-            return DECLINED  # too small to gain: upstream's (counted as upstream)
+            return HANDED  # too small to gain: upstream's (counted as upstream)
         if sum_ is _SUM and type(requests) in _SEQUENCES and type(page_size) is int \
                 and page_size >= 1:
             try:
@@ -121,8 +136,8 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
             except Exception:
                 pass
             else:
-                return _answered(spot, tokens // page_size)
-        return _declined(spot)
+                return tokens // page_size
+        return DECLINED
 
     return _sized(decode_count, below)
 
@@ -136,7 +151,6 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
     Python code runs in between: the indices are exact ints in an exact list or
     tuple, or an integer ndarray (an index with ``__index__`` of its own could
     rebind ``owner.reqs`` between two reads of upstream's comprehension)."""
-    spot = monitor.spot(name)
 
     def select_requests(owner: Any, selected: Any) -> Any:
         if not _STATE.announced:
@@ -150,10 +164,10 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
                     n = len(selected)
                     chosen = (list(_itemgetter(*selected)(reqs)) if n > 1
                               else [reqs[selected[0]]] if n else [])
-                    return _answered(spot, chosen)
+                    return chosen
             except Exception:
                 pass  # upstream's comprehension raises its own exception
-        return _declined(spot)
+        return DECLINED
 
     return select_requests
 
@@ -224,7 +238,7 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
                        ) -> Callable[..., Any]:
     """``for r in requests: total += ceil_align(max(A, C + R), p) - ceil_align(A, p)``
     (as upstream spells it), R being ``reserve_factor`` times the reserve read."""
-    kernel, spot = kvest.spec_v2_new_tokens_from_reqs, monitor.spot(name)
+    kernel = kvest.spec_v2_new_tokens_from_reqs
     factor, layout = pattern.reserve_factor, pattern.layout
     ceil_align, ceil_div = checked["ceil_align"], checked["ceil_div"]
     home = ceil_align.__globals__
@@ -233,15 +247,15 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
     below = _below(pattern.kind)
     compiled = _COMPILED.get(kernel)
     if compiled is not None and not below:
-        return compiled(spot.tally, DECLINED, _STATE, _first_call, _MAX, layout, factor,
-                        ceil_align, ceil_div).run
+        return compiled(DECLINED, _STATE, _first_call, _MAX, layout, factor, ceil_align,
+                        ceil_div).run
 
     def spec_v2_total(total: Any, requests: Any, page_size: Any, reserve: Any, max_: Any,
                       ceil_align_: Any) -> int:
         if not _STATE.announced:
             _first_call()
         if type(requests) in _SEQUENCES and len(requests) < below:
-            return DECLINED  # too small to gain: upstream's (counted as upstream)
+            return HANDED  # too small to gain: upstream's (counted as upstream)
         if (max_ is _MAX and ceil_align_ is ceil_align and home.get("ceil_div") is ceil_div
                 and ceil_align.__code__ is align_code and ceil_div.__code__ is div_code
                 and type(total) is int and type(requests) in _SEQUENCES
@@ -253,30 +267,30 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
             except Exception:
                 pass
             else:
-                return _answered(spot, total + tokens)
-        return _declined(spot)
+                return total + tokens
+        return DECLINED
 
     return _sized(spec_v2_total, below)
 
 
 def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Callable[..., Any]:
     """``return sum(r.beam_group.num_member_rows for r in reqs if r.beam_group is not None)``."""
-    kernel, spot = kvest.beam_member_rows_from_reqs, monitor.spot(name)
+    kernel = kvest.beam_member_rows_from_reqs
     below = _below(pattern.kind)
 
     def beam_rows(reqs: Any, sum_: Any) -> int:
         if not _STATE.announced:
             _first_call()
         if type(reqs) in _SEQUENCES and len(reqs) < below:
-            return DECLINED  # too small to gain: upstream's (counted as upstream)
+            return HANDED  # too small to gain: upstream's (counted as upstream)
         if sum_ is _SUM and type(reqs) in _SEQUENCES:
             try:
                 rows = kernel(reqs, exact_ints=True, pure=True)
             except Exception:
                 pass
             else:
-                return _answered(spot, rows)
-        return _declined(spot)
+                return rows
+        return DECLINED
 
     return beam_rows
 
@@ -286,7 +300,7 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     """The loop filling ``cur[i] = A``, ``nxt[i] = max(A, ceil_align(C + R, p))``
     and adding ``nxt - cur`` to a total: the plan kernel, then the two lists
     written whole (only once every value is known)."""
-    kernel, spot = kvest.decode_alloc_plan_from_reqs, monitor.spot(name)
+    kernel = kvest.decode_alloc_plan_from_reqs
     layout, below = pattern.layout, _below(pattern.kind)
 
     def alloc_lens_loop(reqs: Any, reserve: Any, page_size: Any, cur: Any, nxt: Any,
@@ -294,7 +308,7 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
         if not _STATE.announced:
             _first_call()
         if type(reqs) in _SEQUENCES and len(reqs) < below:
-            return DECLINED  # too small to gain: upstream's (counted as upstream)
+            return HANDED  # too small to gain: upstream's (counted as upstream)
         if (enumerate_ is _ENUMERATE and max_ is _MAX and type(reqs) in _SEQUENCES
                 and type(cur) is list and type(nxt) is list
                 and len(cur) == len(reqs) == len(nxt) and type(total) is int
@@ -309,8 +323,8 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                 if len(plan.cur) == len(cur):  # the requests did not change meanwhile
                     cur[:] = plan.cur.tolist()
                     nxt[:] = plan.nxt.tolist()
-                    return _answered(spot, total + plan.num_tokens)
-        return _declined(spot)
+                    return total + plan.num_tokens
+        return DECLINED
 
     return _sized(alloc_lens_loop, below)
 
@@ -336,17 +350,16 @@ def _adding_loop(name: str, kind: str, paths: tuple[tuple[str, ...], ...], fixed
     loop itself, tools/cachegrind_hotspots.py.)  A batch smaller than the kind's
     crossover never gets here: the rewritten function checks ``owner.reqs``
     first (reading it only where that runs no code) and runs upstream's loop."""
-    add, spot, below = kvest.add_to_attrs, monitor.spot(name), _below(kind)
+    add, below = kvest.add_to_attrs, _below(kind)
 
     def adding_loop(owner: Any, delta: Any = fixed) -> Any:
         if not _STATE.announced:
             _first_call()
         reqs = owner.reqs  # the loop's iterable, read once as the loop reads it
-        _answered(spot, None)  # (the writer never hands back once it starts)
-        add(reqs, paths, delta)
+        add(reqs, paths, delta)  # (the writer never hands back once it starts)
         return None
 
-    return _sized(adding_loop, below)
+    return _commits(_sized(adding_loop, below))
 
 
 def make_add_lengths_loop(pattern: Pattern, name: str, checked: dict[str, Any]
@@ -360,18 +373,17 @@ def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     """``for req, v in zip(reqs, values, strict=True): req.kv.kv_allocated_len =
     max(req.kv.kv_allocated_len, v)`` (semantics as above; ``zip`` and ``max``
     must be the builtins)."""
-    raise_to, spot = kvest.max_into_attr, monitor.spot(name)
+    raise_to = kvest.max_into_attr
 
     def max_allocated_loop(reqs: Any, values: Any, zip_: Any, max_: Any) -> Any:
         if not _STATE.announced:
             _first_call()
         if zip_ is not _ZIP or max_ is not _MAX:
-            return _declined(spot)  # (before any write)
-        _answered(spot, None)  # (the writer never hands back once it starts)
-        raise_to(reqs, _ALLOCATED, values, strict=True)
+            return DECLINED  # (before any write)
+        raise_to(reqs, _ALLOCATED, values, strict=True)  # (it never hands back once started)
         return None
 
-    return max_allocated_loop
+    return _commits(max_allocated_loop)
 
 
 def make_batch_idx_loop(pattern: Pattern, name: str, checked: dict[str, Any]
@@ -391,11 +403,11 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     ``owner.reqs`` must be a plain list read where reading it runs no code
     (:func:`plain_reqs`), so that reading it here and again in upstream's loop
     give the same list, and ``enumerate`` the builtin."""
-    kernel, spot = kvest.beam_groups_from_reqs, monitor.spot(name)
+    kernel = kvest.beam_groups_from_reqs
     below = _below(pattern.kind)
     compiled = _COMPILED.get(kernel)
     if compiled is not None and not below:
-        return compiled(spot.tally, DECLINED, _STATE, _first_call, _ENUMERATE).run
+        return compiled(DECLINED, _STATE, _first_call, _ENUMERATE).run
 
     def beam_tail_loop(owner: Any, enumerate_: Any) -> Any:
         if not _STATE.announced:
@@ -409,8 +421,8 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                     pass  # upstream's loop raises its own exception
                 else:
                     if groups == 0:
-                        return _answered(spot, None)
-        return _declined(spot)
+                        return None
+        return DECLINED
 
     return _sized(beam_tail_loop, below)
 
@@ -462,14 +474,14 @@ def make_num_new_pages(original: Callable[..., Any], pattern: Pattern, tensor: t
     ``seq_lens + page_size - 1`` would wrap around -- or anything else is
     unusual: other dtypes, shapes, devices, page sizes -- the original answers.
     """
-    pages, limits, spot = kvest.num_new_pages, _INT_LIMITS, monitor.spot(name)
-    resolves, tick = _resolver(original, pattern), spot.tally.tick
+    pages, limits = kvest.num_new_pages, _INT_LIMITS
+    resolves, count = _resolver(original, pattern), monitor.spot(name).tally.count
 
     def get_num_new_pages(seq_lens: Any, page_size: Any, prefix_lens: Any = None,
                           decode: Any = False) -> Any:
         if not _STATE.announced:
             _first_call()
-        tick()
+        answer = _NOTHING
         try:
             if type(seq_lens) is tensor and type(page_size) is int and page_size >= 1 \
                     and type(decode) is bool and resolves():
@@ -477,18 +489,21 @@ def make_num_new_pages(original: Callable[..., Any], pattern: Pattern, tensor: t
                 limit = limits.get(seq.dtype)
                 if limit is not None and page_size <= limit and seq.ndim == 1:
                     if decode:
-                        return _answered(spot, pages(seq, page_size, decode=True))
-                    if type(prefix_lens) is tensor:
+                        answer = pages(seq, page_size, decode=True)
+                    elif type(prefix_lens) is tensor:
                         prefix = prefix_lens.numpy()
                         prefix_limit = limits.get(prefix.dtype)
                         if prefix_limit is not None and page_size <= prefix_limit and (
                                 page_size == 1 or (
                                     _at_most(seq, limit - page_size + 1)
                                     and _at_most(prefix, prefix_limit - page_size + 1))):
-                            return _answered(spot, pages(seq, page_size, prefix))
+                            answer = pages(seq, page_size, prefix)
         except Exception:
-            pass
-        _declined(spot)
+            answer = _NOTHING
+        if answer is not _NOTHING:
+            count(_KERNEL)  # (the call's one decision: counted once, here)
+            return answer
+        count(_FALLBACK)
         return original(seq_lens, page_size, prefix_lens, decode)
 
     return get_num_new_pages
@@ -525,15 +540,15 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
     A length that does not fit int32 makes kvest decline, and the original's
     lists go to the caller, whose ``torch.tensor`` then fails as it always did.
     """
-    plan, int32, spot = kvest.decode_alloc_plan_from_reqs, np.int32, monitor.spot(name)
+    plan, int32, tally = kvest.decode_alloc_plan_from_reqs, np.int32, monitor.spot(name).tally
     layout, resolves = pattern.layout, _resolver(original, pattern)
-    below, tick = _below(pattern.kind), spot.tally.tick
+    below, count = _below(pattern.kind), tally.count
     lists_below = KINDS[pattern.kind].lists_below
     lists = _lists_twin(plan)
     compiled = _COMPILED.get(plan)
     namespace, names, expected = _resolution(original, pattern)
     if compiled is not None and not below and type(namespace) is dict:
-        run = compiled(spot.tally, DECLINED, _STATE, _first_call, namespace, names, expected,
+        run = compiled(tally, DECLINED, _STATE, _first_call, namespace, names, expected,
                        _NOTHING, layout, lists_below).run
 
         def alloc_lens(reqs: Any, *, reserve: Any, page_size: Any) -> Any:
@@ -548,15 +563,16 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
     def page_aligned_decode_alloc_lens(reqs: Any, *, reserve: Any, page_size: Any) -> Any:
         if not _STATE.announced:
             _first_call()
-        tick()
         if type(reqs) in _SEQUENCES and len(reqs) < below:
+            count(_UPSTREAM)
             return original(reqs, reserve=reserve, page_size=page_size)
         if type(reqs) in _SEQUENCES and type(reserve) is int and reserve >= 0 \
                 and type(page_size) is int and page_size >= 1 and resolves():
             if len(reqs) < lists_below:
                 answer = lists(reqs, page_size, reserve, layout)
                 if answer is not None:
-                    return _answered(spot, answer)
+                    count(_KERNEL)
+                    return answer
             else:
                 try:
                     result = plan(reqs, page_size, reserve, page_aligned=True, dtype=int32,
@@ -564,8 +580,9 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
                 except Exception:
                     pass
                 else:
-                    return _answered(spot, (result.cur, result.nxt, result.num_tokens))
-        _declined(spot)
+                    count(_KERNEL)
+                    return result.cur, result.nxt, result.num_tokens
+        count(_FALLBACK)
         return original(reqs, reserve=reserve, page_size=page_size)
 
     return page_aligned_decode_alloc_lens

@@ -13,13 +13,14 @@ Switch (``KVEST_SGLANG``, read once when the plugin loads; :func:`switch`):
 Every hot spot of :mod:`kvest.sglang.registry` has one :class:`Spot` for the
 life of the process: a second ``patch()`` plans again into the same spots, so
 the glue already running keeps counting where :func:`status` reads.  Counters
-are per call of the hot-spot function, and each call is one of three:
+are per call of the hot-spot function, counted once when the call ends (so
+that a counter never shows an outcome later taken back), and each call is one
+of three:
 ``fallbacks`` (a kernel declined and upstream's statement answered),
 ``kernel`` (a kernel answered and none declined), ``upstream`` (neither: the
 batch was smaller than the kind's crossover, ``upstream_below`` in the
 registry, and went to upstream's statement on purpose, or the call went no way
-through a compiled statement).  Only ``calls`` is counted on every call; the
-others where a kernel runs or declines.
+through a compiled statement).  ``calls`` is their sum.
 
 ``KVEST_SGLANG_HANDOFF`` (read when the plugin plans): unset or on, small
 batches go to upstream's statement as above; ``0``/``off``/``false``/``no``,
@@ -122,35 +123,35 @@ class Samples:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e3
 
 
-class _PyTally:
-    """kvest.sglang._glue._Tally in Python (the pure build): a hot spot's counters."""
+UPSTREAM, KERNEL, FALLBACK = 0, 1, 2  # a call's outcome, as its tally counts it
 
-    __slots__ = ("calls", "fallbacks", "kernel", "last_fallback", "last_kernel")
+
+class _PyTally:
+    """kvest.sglang._glue._Tally in Python (the pure build): a hot spot's
+    counters, each call counted once when its outcome is final
+    (:meth:`count`), under a lock: ``+=`` on an attribute is no single step
+    of Python's, and two threads must not lose a count."""
+
+    __slots__ = ("_lock", "fallbacks", "kernel", "upstream")
 
     def __init__(self) -> None:
-        self.calls = self.kernel = self.fallbacks = 0
-        self.last_kernel = self.last_fallback = -1
+        self._lock = threading.Lock()
+        self.kernel = self.fallbacks = self.upstream = 0
 
-    def tick(self) -> None:
-        """One more call of the hot spot (the rewritten function's first statement)."""
-        self.calls += 1
+    def count(self, seen: int) -> None:
+        """One call ended: ``seen`` is :data:`KERNEL` (a kernel answered, none
+        declined), :data:`FALLBACK` (a kernel declined) or :data:`UPSTREAM`."""
+        with self._lock:
+            if seen == KERNEL:
+                self.kernel += 1
+            elif seen == UPSTREAM:
+                self.upstream += 1
+            else:
+                self.fallbacks += 1
 
-    def answered(self, answer: Any) -> Any:
-        """``answer``, a kernel's: counted once per call, and only in a call with no decline."""
-        if self.last_kernel != self.calls and self.last_fallback != self.calls:
-            self.kernel += 1
-            self.last_kernel = self.calls
-        return answer
-
-    def declined(self, declined: Any) -> Any:
-        """``declined``, a decline's marker: counted once per call (a call with a
-        decline is a fallback, whatever else answered in it)."""
-        if self.last_fallback != self.calls:
-            self.fallbacks += 1
-            self.last_fallback = self.calls
-            if self.last_kernel == self.calls:
-                self.kernel -= 1
-        return declined
+    @property
+    def calls(self) -> int:
+        return self.kernel + self.fallbacks + self.upstream
 
 
 Tally: Any = _PyTally  # the pure-Python build's
@@ -159,9 +160,8 @@ if kvest.IMPLEMENTATION == "cython":
 
 
 def _counter(name: str, doc: str) -> Any:
-    """A Spot's view of one of its tally's counters."""
-    return property(lambda spot: getattr(spot.tally, name),
-                    lambda spot, value: setattr(spot.tally, name, value), doc=doc)
+    """A Spot's view of one of its tally's counters (read only: they only grow)."""
+    return property(lambda spot: getattr(spot.tally, name), doc=doc)
 
 
 @dataclasses.dataclass(eq=False)
@@ -172,8 +172,8 @@ class Spot:
     state: State = State.NOT_LOADED
     patterns: list[str] = dataclasses.field(default_factory=list)
     notes: list[Note] = dataclasses.field(default_factory=list)
-    # calls, kernel, fallbacks (and the call each was last counted in), where
-    # the compiled glue counts them without a Python attribute write
+    # kernel, fallbacks, upstream: each call counted once, when it ends (where
+    # the compiled glue counts them without a Python attribute write)
     tally: Any = dataclasses.field(default_factory=Tally)
     compared: int = 0  # shadow mode
     mismatches: int = 0
@@ -181,18 +181,12 @@ class Spot:
     kvest_ns: Samples = dataclasses.field(default_factory=Samples)
     upstream_ns: Samples = dataclasses.field(default_factory=Samples)
 
-    calls = _counter("calls", "calls of the hot spot (its prologue counts them)")
+    calls = _counter("calls", "calls of the hot spot that ended (kernel + fallbacks + upstream)")
     kernel = _counter("kernel", "calls in which a kernel answered and none declined")
     fallbacks = _counter("fallbacks", "calls in which a kernel declined")
-    last_kernel = _counter("last_kernel", "the call in which a kernel's answer was last counted")
-    last_fallback = _counter("last_fallback", "the call in which a decline was last counted")
-
-    @property
-    def upstream(self) -> int:
-        """Calls in which no kernel answered and none declined: the batch was
-        smaller than the kind's crossover, or the call went no way through a
-        compiled statement (each call is one of kernel, fallback, upstream)."""
-        return max(0, self.calls - self.kernel - self.fallbacks)
+    upstream = _counter("upstream", "calls in which no kernel answered and none declined: "
+                        "the batch was smaller than the kind's crossover, or the call went "
+                        "no way through a compiled statement")
 
     @property
     def declines(self) -> list[Note]:
@@ -332,7 +326,8 @@ def status() -> dict[str, Any]:
 
 
 def _entry(s: Spot) -> dict[str, Any]:
-    calls, fallbacks, kernel = s.calls, s.fallbacks, s.kernel
+    # (each read once: calls is their sum in this snapshot, whatever counts meanwhile)
+    kernel, fallbacks, upstream = s.kernel, s.fallbacks, s.upstream
     kvest_us = {"median": s.kvest_ns.quantile(0.5), "p99": s.kvest_ns.quantile(0.99)}
     upstream_us = {"median": s.upstream_ns.quantile(0.5), "p99": s.upstream_ns.quantile(0.99)}
     ratio = (upstream_us["median"] / kvest_us["median"]
@@ -340,8 +335,8 @@ def _entry(s: Spot) -> dict[str, Any]:
     return {
         "state": s.state.value, "reason": s.reason, "patterns": list(s.patterns),
         "notes": [n.text for n in s.notes],
-        "calls": calls, "kernel": kernel, "fallbacks": fallbacks,
-        "upstream": s.upstream,
+        "calls": kernel + fallbacks + upstream, "kernel": kernel, "fallbacks": fallbacks,
+        "upstream": upstream,
         "shadow": {"compared": s.compared, "mismatches": s.mismatches, "kvest_us": kvest_us,
                    "upstream_us": upstream_us, "ratio": ratio,
                    "first_mismatch": s.first_mismatch},

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from kvest._bench.requests import FlatReq, MixedReq, NestedReq
-from kvest.sglang import fingerprint, rewrite, upstream
+from kvest.sglang import fingerprint, monitor, rewrite, upstream
 from kvest.sglang.registry import COMMON, EAGLE_UTILS, HOTSPOTS, KINDS
 
 __all__ = ["BeamGroup", "Unpatched", "request_maker", "self_test", "statement_pair"]
@@ -197,9 +197,10 @@ def statement_pair(analysis: rewrite.Analysis, found: rewrite.Found, spot: str
     checked, why = _checked(alone, hits[0].pattern.globals)
     if why is not None:
         raise rewrite.Unreadable(why)
-    # (its glue counts apart: a statement alone is no call of the hot spot)
-    swap = make_swap(hits[0], f"{spot} (statement alone)", checked)
-    return alone, rewrite.rebuild(again, [swap]), params
+    # (counted apart, per call: a statement alone is no call of the hot spot)
+    alone_spot = f"{spot} (statement alone)"
+    swap = make_swap(hits[0], alone_spot, checked)
+    return alone, rewrite.rebuild(again, [swap], counter=monitor.spot(alone_spot)), params
 
 
 def found_statement(tree: upstream.StandinTree, spot: str, kind: str

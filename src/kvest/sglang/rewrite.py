@@ -20,9 +20,24 @@ whenever the kernel declines an input upstream's own statement runs -- outside
 any handler, so that its exceptions are upstream's alone.  The global names
 (``sum``, ``max``, ``ceil_align``) are evaluated where ``S`` would evaluate
 them and handed to the glue, which declines unless they are the objects it
-checked.  The function's first statement counts the call
-(:class:`kvest.sglang.monitor.Spot`'s tally).  A statement that looks like a pattern but differs is
-left alone, with what differs (:func:`near_misses`).
+checked.  A statement that looks like a pattern but differs is left alone,
+with what differs (:func:`near_misses`).
+
+Counting (:class:`kvest.sglang.monitor.Spot`'s tally): each call keeps its
+outcome in a local of its own, ``__kvest_seen__`` (0 none yet, 1 a kernel
+answered, 2 a kernel declined: a call with a decline is a fallback, whatever
+else answered in it), and counts it once, when the call ends::
+
+    __kvest_seen__ = 0
+    try:
+        <the body, each swapped statement also setting __kvest_seen__>
+    finally:
+        __kvest_count__(__kvest_seen__)
+
+so that two threads, or a call of the same function made inside a call
+(code a request runs), each count their own call, and no counter ever shows
+an outcome that is taken back later.  The ``finally`` only counts: an
+exception passes through it unchanged, with its traceback.
 """
 
 from __future__ import annotations
@@ -37,7 +52,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvest.sglang import fingerprint, patterns
-from kvest.sglang.glue import DECLINED, plain_reqs
+from kvest.sglang.glue import DECLINED, HANDED, plain_reqs
 from kvest.sglang.patterns import Pattern
 from kvest.sglang.registry import KINDS, Note, NoteKind
 
@@ -353,14 +368,29 @@ def _small(role: str, name: str, below: int) -> ast.expr:
                     [ast.Name(name, ast.Load()), ast.Constant(below)], [])
 
 
+_SEEN = "__kvest_seen__"  # the call's outcome so far (the module docstring)
+_KERNEL, _FALLBACK = 1, 2
+
+
+def _seen(value: ast.expr) -> ast.stmt:
+    return ast.Assign([ast.Name(_SEEN, ast.Store())], value)
+
+
+def _seen_kernel() -> ast.stmt:
+    """``__kvest_seen__ = __kvest_seen__ or 1``: a kernel answered, unless a
+    decline already made the call a fallback."""
+    return _seen(ast.BoolOp(ast.Or(), [ast.Name(_SEEN, ast.Load()), ast.Constant(_KERNEL)]))
+
+
 def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types.FunctionType:
     """``analysis.fn`` compiled again with each swap made (see the module
-    docstring); with ``counter``, the function's first statement is
-    ``counter.tally.tick()`` (one more of its ``calls``)."""
+    docstring); with ``counter`` (a :class:`kvest.sglang.monitor.Spot`), each
+    call's outcome counted once into its tally, when the call ends."""
     fn = analysis.fn
     node = copy.deepcopy(analysis.node)
     node.decorator_list = []  # already applied to the function running; not re-run
     cells: dict[str, Any] = {"__kvest_declined__": DECLINED}
+    counting = counter is not None
     by_position = {}
     for index, swap in enumerate(swaps):
         cell = f"__kvest_glue{index}__"
@@ -391,14 +421,33 @@ def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types
             elif kind.binds:
                 answer = [ast.Assign([ast.Name(found.name(kind.binds), ast.Store())],
                                      ast.Name(result, ast.Load()))]
+            below = getattr(swap.glue, "kvest_below", 0)
+            declined: list[ast.stmt] = [node]
+            first: list[ast.stmt] = []
+            if counting:
+                declined.insert(0, _seen(ast.Constant(_FALLBACK)))
+                if getattr(swap.glue, "kvest_commits", False):
+                    # (a writer: once it starts it is the answer, exception or not)
+                    first = [_seen_kernel()]
+                else:
+                    answer.insert(0, _seen_kernel())
             test = ast.Compare(ast.Name(result, ast.Load()), [ast.Is()],
                                [ast.Name("__kvest_declined__", ast.Load())])
-            branch = ast.If(test, [node], answer)
-            for new in (call, branch, *answer):
+            orelse = answer
+            if below:
+                # A sequence too small to gain, handed back by the glue (its
+                # own size check, for what the one below does not take):
+                # upstream's statement, counted as upstream.
+                cells["__kvest_handed__"] = HANDED
+                handed_test = ast.Compare(ast.Name(result, ast.Load()), [ast.Is()],
+                                          [ast.Name("__kvest_handed__", ast.Load())])
+                orelse = [ast.If(handed_test, [copy.deepcopy(node)], answer)]
+            branch = ast.If(test, declined, orelse)
+            for new in (*first, call, branch, *answer, *declined[:-1]):
                 ast.copy_location(new, node)
-            swapped: list[ast.stmt] = [ast.fix_missing_locations(call),
+            swapped: list[ast.stmt] = [*map(ast.fix_missing_locations, first),
+                                       ast.fix_missing_locations(call),
                                        ast.fix_missing_locations(branch)]
-            below = getattr(swap.glue, "kvest_below", 0)
             if kind.sized is None or not below:
                 return swapped  # type: ignore[return-value]
             # A list too small to gain goes to upstream's statement here, before
@@ -412,12 +461,20 @@ def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types
             return ast.fix_missing_locations(handed)
 
     node = Swapper().visit(node)
-    if counter is not None:
-        cells["__kvest_tick__"] = counter.tally.tick
-        count = ast.Expr(ast.Call(ast.Name("__kvest_tick__", ast.Load()), [], []))
-        ast.copy_location(count, node.body[0])
+    if counting:
+        cells["__kvest_count__"] = counter.tally.count
         docstring = int(fingerprint.has_docstring(node))
-        node.body.insert(docstring, ast.fix_missing_locations(count))
+        body = node.body[docstring:]
+        start = _seen(ast.Constant(0))
+        count = ast.Expr(ast.Call(ast.Name("__kvest_count__", ast.Load()),
+                                  [ast.Name(_SEEN, ast.Load())], []))
+        guarded = ast.Try(body, [], [], [count])
+        for new in (start, guarded):
+            ast.copy_location(new, body[0])
+        ast.copy_location(count, body[-1])
+        count.lineno = count.end_lineno = getattr(body[-1], "end_lineno", body[-1].lineno)
+        node.body[docstring:] = [ast.fix_missing_locations(start),
+                                 ast.fix_missing_locations(guarded)]
     flags = fn.__code__.co_flags & _FUTURE_FLAGS
     original_free = dict(zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True))
     code = _compile(node, analysis.filename, analysis.owner, flags, analysis.imports,
