@@ -132,26 +132,33 @@ class _PyTally:
     (:meth:`count`), under a lock: ``+=`` on an attribute is no single step
     of Python's, and two threads must not lose a count."""
 
-    __slots__ = ("_lock", "fallbacks", "kernel", "upstream")
+    __slots__ = ("_counts", "_lock")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.kernel = self.fallbacks = self.upstream = 0
+        self._counts = [0, 0, 0]  # upstream, kernel, fallbacks (by outcome)
 
     def count(self, seen: int) -> None:
         """One call ended: ``seen`` is :data:`KERNEL` (a kernel answered, none
         declined), :data:`FALLBACK` (a kernel declined) or :data:`UPSTREAM`."""
         with self._lock:
-            if seen == KERNEL:
-                self.kernel += 1
-            elif seen == UPSTREAM:
-                self.upstream += 1
-            else:
-                self.fallbacks += 1
+            self._counts[seen if seen in (UPSTREAM, KERNEL) else FALLBACK] += 1
+
+    @property
+    def kernel(self) -> int:
+        return self._counts[KERNEL]
+
+    @property
+    def fallbacks(self) -> int:
+        return self._counts[FALLBACK]
+
+    @property
+    def upstream(self) -> int:
+        return self._counts[UPSTREAM]
 
     @property
     def calls(self) -> int:
-        return self.kernel + self.fallbacks + self.upstream
+        return sum(self._counts)
 
 
 Tally: Any = _PyTally  # the pure-Python build's
