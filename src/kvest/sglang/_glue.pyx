@@ -8,8 +8,9 @@ kvest.sglang.monitor.Spot says.  The kernels are kvest._reqs' (its .pxd)."""
 
 cimport numpy as cnp
 from cpython.list cimport PyList_GET_SIZE
+from cpython.sequence cimport PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from cpython.object cimport PyTypeObject
+from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport INT64_MAX, int64_t, uint64_t
 
 from kvest._common cimport _count
@@ -52,6 +53,23 @@ def _small_reqs(owner, Py_ssize_t below):
     of fewer than ``below`` requests."""
     reqs = _own_attr(owner, _REQS, None)
     return type(reqs) is list and PyList_GET_SIZE(reqs) < below
+
+
+def _exact_ints(values):
+    """Whether ``values`` is an exact list or tuple of exact ints: iterating it
+    and comparing its items with ints runs no Python code (the SGLang glue of
+    ``max(req.kv.kv_allocated_len, v)``: code run mid-loop could rebind the
+    ``max`` upstream's loop looks up again on every pass)."""
+    cdef Py_ssize_t i, n
+    cdef PyObject **items
+    if type(values) is not list and type(values) is not tuple:
+        return False
+    n = PySequence_Fast_GET_SIZE(values)
+    items = PySequence_Fast_ITEMS(values)
+    for i in range(n):
+        if <PyTypeObject *>(items[i].ob_type) is not <PyTypeObject *>int:
+            return False
+    return True
 
 
 def _type_version(cls):

@@ -225,11 +225,21 @@ def _lookup_is_special(cls: type, name: str) -> bool:
     return special
 
 
+def _exact_ints_rule(values: Any) -> bool:
+    """Whether ``values`` is an exact list or tuple of exact ints: iterating it
+    and comparing its items with ints runs no Python code
+    (``kvest.sglang._glue._exact_ints`` in C)."""
+    return type(values) in _SEQUENCES and set(map(type, values)) <= _EXACT_INT
+
+
 # class -> (its version tag, whether its "reqs" lookup is special)
 _SPECIAL: dict[type, tuple[int, bool]] = {}
 try:
+    from kvest.sglang._glue import _exact_ints as exact_ints
     from kvest.sglang._glue import _type_version
 except ImportError:  # the pure-Python build: worked out each time
+    exact_ints = _exact_ints_rule
+
     def _type_version(cls: type) -> int:
         return 0
 
@@ -372,13 +382,18 @@ def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
                             ) -> Callable[..., Any]:
     """``for req, v in zip(reqs, values, strict=True): req.kv.kv_allocated_len =
     max(req.kv.kv_allocated_len, v)`` (semantics as above; ``zip`` and ``max``
-    must be the builtins)."""
+    must be the builtins).  Upstream's loop looks ``max`` up again on every
+    pass, kvest's writer once: so the requests must be an exact list or tuple
+    and the values one of exact ints (:func:`exact_ints`), whose iteration and
+    comparisons run no code that could rebind ``max`` in the middle of the
+    loop; anything else is upstream's loop's, declined before any write."""
     raise_to = kvest.max_into_attr
 
     def max_allocated_loop(reqs: Any, values: Any, zip_: Any, max_: Any) -> Any:
         if not _STATE.announced:
             _first_call()
-        if zip_ is not _ZIP or max_ is not _MAX:
+        if zip_ is not _ZIP or max_ is not _MAX or type(reqs) not in _SEQUENCES \
+                or not exact_ints(values):
             return DECLINED  # (before any write)
         raise_to(reqs, _ALLOCATED, values, strict=True)  # (it never hands back once started)
         return None

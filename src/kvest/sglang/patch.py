@@ -25,8 +25,9 @@ from typing import Any
 from kvest.sglang import monitor
 from kvest.sglang.hotspots import Plan, Target, plan
 from kvest.sglang.monitor import Mode
+from kvest.sglang.registry import HOTSPOTS
 
-__all__ = ["Patch", "apply", "patch"]
+__all__ = ["Patch", "apply", "installed", "patch"]
 
 
 class Patch:
@@ -93,13 +94,62 @@ def apply(targets: list[Target]) -> list[tuple[Any, str, Any, Any]]:
     return changes
 
 
+def _kvests(value: Any) -> bool:
+    """Whether ``value`` is kvest's function, or a hook's wrapper around one
+    (SGLang's HookRegistry: a closure over it)."""
+    if getattr(value, "__kvest_original__", None) is not None:
+        return True
+    cells = getattr(value, "__closure__", None) or ()
+    for cell in cells:
+        try:
+            inner = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if getattr(inner, "__kvest_original__", None) is not None:
+            return True
+    return False
+
+
+def installed() -> list[str]:
+    """The hot spots where kvest's function (the plugin's or a ``patch()``'s) is
+    what runs in this process now: read from the loaded modules, never imported."""
+    names = []
+    for spot in HOTSPOTS.values():
+        for home in spot.modules:
+            owner: Any = sys.modules.get(home)
+            if owner is not None and spot.cls is not None:
+                owner = vars(owner).get(spot.cls)
+            if owner is None:
+                continue
+            try:
+                value = vars(owner).get(spot.attr)
+            except TypeError:
+                continue
+            if _kvests(value):
+                names.append(spot.name)
+                break
+    return names
+
+
 def patch(shadow: bool = False) -> Patch:
     """Replace SGLang's hot spots in this process with kvest's; returns the undo handle.
 
     Whatever kvest did not match exactly is left alone, with a ``RuntimeWarning``
     saying why.  With ``shadow=True`` kvest runs beside upstream and upstream
     answers (see :mod:`kvest.sglang.monitor`).
+
+    Where kvest already runs in this process (the plugin, or an earlier
+    ``patch()`` not undone), nothing changes -- not the functions, not what
+    :func:`kvest.sglang.status` says (the mode and the hot spots of what runs)
+    -- and a ``RuntimeWarning`` says so; the handle returned undoes nothing.
+    Undo the earlier patch first to plan again (in another mode, say).
     """
+    running = installed()
+    if running:
+        state = monitor.STATE
+        warnings.warn(f"kvest.sglang: kvest already runs in this process (mode {state.mode}, "
+                      f"{', '.join(running)}): nothing changed", RuntimeWarning, stacklevel=2)
+        return Patch(Plan(state.sglang, state.mode), [])
     found = plan(import_modules=True, mode=Mode.SHADOW if shadow else Mode.ON,
                  reason="kvest.sglang.patch(shadow=True)" if shadow else "kvest.sglang.patch()")
     for problem in found.problems:
