@@ -245,3 +245,97 @@ def test_the_tally_counts_each_outcome_once():
     assert (tally.calls, tally.kernel, tally.fallbacks, tally.upstream) == (4, 2, 1, 1)
     with pytest.raises(AttributeError):
         tally.kernel = 0  # read only: a counter is never set back
+
+
+class _Collides(str):
+    """An instance-dict key that hashes as ``"kv"`` does and whose ``__eq__``
+    runs Python code: CPython's lookup of ``kv`` calls it."""
+
+    def __hash__(self):
+        return hash("kv")
+
+    def __eq__(self, other):
+        return str.__eq__(self, other)
+
+
+class _Nested:
+    __slots__ = ("kv_allocated_len", "kv_committed_len")
+
+    def __init__(self, committed):
+        self.kv_committed_len, self.kv_allocated_len = committed, committed + 3
+
+
+class _Plain:
+    def __init__(self, committed):
+        self.kv = _Nested(committed)
+        self.beam_group = None
+
+
+class _Colliding(_Plain):
+    def __init__(self, committed):
+        self.__dict__[_Collides("kx")] = 0  # (first: a lookup of kv meets it first)
+        super().__init__(committed)
+
+
+class _Property(_Plain):
+    @property
+    def kv(self):
+        return self.__dict__["_kv"]
+
+    @kv.setter
+    def kv(self, value):
+        self.__dict__["_kv"] = value
+
+
+def test_two_threads_on_one_glue_leave_the_collector_as_found():
+    """One glue object (compiled in the compiled build), two threads switching
+    as often as the interpreter can, one of them on batches the glue declines
+    (a request whose ``kv`` is a property, one whose dict holds a key that
+    runs code when compared): the collector is enabled afterwards, as it was,
+    and every answer is the loop's."""
+    from kvest.sglang import glue
+    from kvest.sglang.patterns import by_kind
+
+    pattern = next(p for p in by_kind("decode_count") if p.layout == "nested")
+    run = glue.make_decode_count(pattern, "threads: collector", {})
+    monitor.STATE.announced = True
+    good = [_Plain(c) for c in (0, 1, 16, 31, 32, 48)]
+    odd = [[*good, _Property(5)], [*good, _Colliding(16)], [_Colliding(0), *good]]
+    n = 300 if kvest.IMPLEMENTATION == "python" else 3000
+    wrong = []
+    start = threading.Barrier(2)
+
+    want = sum(1 for r in good if r.kv.kv_committed_len % 16 == 0)
+
+    def answering():
+        start.wait(60)
+        for _ in range(n):
+            if run(good, 16, sum) != want:
+                wrong.append("good")
+
+    loop = [sum(1 for r in batch if r.kv.kv_committed_len % 16 == 0) for batch in odd]
+
+    def declining():
+        start.wait(60)
+        for i in range(n):
+            got = run(odd[i % 3], 16, sum)
+            # (the property is always declined; the colliding key may be read)
+            if got is not glue.DECLINED and (i % 3 == 0 or got != loop[i % 3]):
+                wrong.append((i % 3, got))
+
+    assert gc.isenabled()
+    old = sys.getswitchinterval()
+    threads = [threading.Thread(target=answering), threading.Thread(target=declining)]
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    finally:
+        sys.setswitchinterval(old)
+    enabled = gc.isenabled()
+    gc.enable()  # (whatever happened, the rest of the suite runs as usual)
+    assert not any(t.is_alive() for t in threads)
+    assert enabled
+    assert not wrong
