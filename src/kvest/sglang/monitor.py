@@ -238,6 +238,7 @@ class _State:
 
 
 STATE = _State()
+_SHADOW_LOCK = threading.Lock()  # shadow mode's counters and samples
 _side = threading.local()  # which side a shadow call is running on this thread
 
 
@@ -497,24 +498,24 @@ def shadow(original: Callable[..., Any], replaced: Callable[..., Any], name: str
             mine, mine_error, kvest_ns = _outcome(replaced, args, kwargs)
         finally:
             _side.name = None
-        entry.compared += 1
-        entry.upstream_ns.add(upstream_ns)
-        entry.kvest_ns.add(kvest_ns)
         try:
             same = (type(error) is type(mine_error) and str(error) == str(mine_error)
                     if error is not None or mine_error is not None
                     else _comparable(value) == _comparable(mine))
         except Exception:
             same = False
-        if not same:
-            entry.mismatches += 1
-            if entry.first_mismatch is None:
-                try:  # the report reads the arguments again: it must never raise
-                    report = _reproduction(args, kwargs, value, error, mine, mine_error)
-                except Exception as exc:
-                    report = f"(no reproduction: reading the arguments raised {exc!r})"
-                entry.first_mismatch = report
-                logger.warning("kvest shadow: first mismatch in %s: %s", name, report)
+        with _SHADOW_LOCK:  # (+= is no single step: two threads must not lose a count)
+            entry.compared += 1
+            entry.mismatches += int(not same)
+            entry.upstream_ns.add(upstream_ns)
+            entry.kvest_ns.add(kvest_ns)
+        if not same and entry.first_mismatch is None:
+            try:  # the report reads the arguments again: it must never raise
+                report = _reproduction(args, kwargs, value, error, mine, mine_error)
+            except Exception as exc:
+                report = f"(no reproduction: reading the arguments raised {exc!r})"
+            entry.first_mismatch = report
+            logger.warning("kvest shadow: first mismatch in %s: %s", name, report)
         if time.monotonic() - STATE.last_summary > SUMMARY_EVERY:
             summary()
         if error is not None:
