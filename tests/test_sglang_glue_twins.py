@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import types
 
+import numpy as np
 import pytest
 from sglang_standins import OWNERS, Own
 
@@ -187,7 +188,9 @@ def test_the_alloc_lens_twins_agree(monkeypatch):
     for n in (0, 1, 7, 8, 20):
         reqs = [Req(*lengths[i % len(lengths)]) for i in range(n)]
         cases += [(reqs, 4, 16), (tuple(reqs), 4, 16), (reqs, 0, 1), (reqs, -1, 16),
-                  (reqs, 4, 0), (reqs, 2**63, 16), (reqs, 4, True), (reqs, 4.0, 16)]
+                  (reqs, 4, 0), (reqs, 2**63, 16), (reqs, 4, True), (reqs, 4.0, 16),
+                  (reqs, np.int64(4), 16), (reqs, 4, np.int64(16)), (reqs, True, 16),
+                  (reqs, Big(4), 16), (reqs, 4, Big(16)), (reqs, 4, -1), (reqs, False, 1)]
     cases += [([Req(-1, 3)], 4, 16), ([Req(3, Big(4))], 4, 16), ([Req(2**40, 2**40)], 4, 16),
               ([Req(2**40, 2**40)] * 9, 4, 16), ([object()], 4, 16), (iter([Req(1)]), 4, 16)]
 
