@@ -187,7 +187,8 @@ def test_shadow_through_load_plugins(tree, monkeypatch):
     old = before["new_tokens_required_next_decode"]
     assert spot["shadow"]["compared"] - old["shadow"]["compared"] == len(cases)
     assert spot["calls"] - old["calls"] == len(cases)
-    assert spot["shadow"]["mismatches"] == 0
+    # (the change: another test's deliberate mismatch may stand before this one)
+    assert spot["shadow"]["mismatches"] == old["shadow"]["mismatches"]
     nested = "_new_tokens_required_next_decode_spec_v2"
     spec_calls = sum(spec for spec, _ in cases)
     assert report["hotspots"][nested]["calls"] - before[nested]["calls"] == spec_calls
