@@ -135,7 +135,7 @@ def plan(import_modules: bool = True, mode: Mode = Mode.ON, reason: str = "kvest
         mode, reason = Mode.OFF, "no SGLang scheduler in this process: nothing to replace"
     result = Plan(version, mode, scheduler=scheduler)
     monitor.reset(mode, reason, version, scheduler, small_to_upstream)
-    if mode is Mode.OFF:
+    if not mode.compiles:
         return result
     for spot in HOTSPOTS.values():
         entry = monitor.spot(spot.name)
@@ -191,6 +191,8 @@ def _locate(spot: HotSpot, module: Callable[[str], types.ModuleType | None], abs
             if not isinstance(owner, type):
                 continue
         fn = vars(owner).get(spot.attr)
+        # the KV audit's wrapper (kvest.sglang.audit) is seen through
+        fn = getattr(fn, "__kvest_audit__", fn)
         if fn is not None:
             return owner, fn
     return State.ABSENT if loaded else State.NOT_LOADED

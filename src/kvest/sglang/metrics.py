@@ -17,8 +17,22 @@ counters in multiprocess mode):
 - ``kvest_shadow_comparisons_total{hotspot}`` and
   ``kvest_shadow_mismatches_total{hotspot}`` (shadow mode);
 - ``kvest_mode{mode}``: 1 for the mode kvest runs in (``on``, ``shadow``,
-  ``off``), 0 for the others (``multiprocess_mode="max"``: 1 if any scheduler
-  process runs in that mode).
+  ``audit``, ``off``), 0 for the others (``multiprocess_mode="max"``: 1 if any
+  scheduler process runs in that mode).
+
+The KV audit's (:mod:`kvest.sglang.audit`, ``status()["audit"]``):
+
+- ``kvest_estimate_steps_total``: decode steps whose estimate was compared
+  with what the pools handed out;
+- ``kvest_estimate_undercount_total{pool}`` and
+  ``kvest_estimate_short_tokens_total{pool}``: steps where a pool was asked for
+  more than the estimate, and by how many tokens (the check said "fits" for a
+  step that can fail);
+- ``kvest_kv_bookkeeping_gap_total{pool}``: sampled steps where the requests'
+  recorded ``kv_allocated_len`` grew by other than what the pool handed out;
+- ``kvest_kv_reserved_uncommitted_tokens``: allocated minus committed over the
+  running batch at the last sampled step (``multiprocess_mode="livesum"``:
+  summed over the live scheduler processes).
 
 Nothing is added to the hot path: kvest keeps plain int counters in the
 process, read only through :func:`kvest.sglang.status`; a daemon thread copies
@@ -42,7 +56,7 @@ __all__ = ["INTERVAL", "MODES", "active", "start", "sync"]
 logger = logging.getLogger("kvest.sglang")
 
 INTERVAL = 5.0  # seconds between copies, unless KVEST_METRICS_INTERVAL says otherwise
-MODES = ("on", "shadow", "off")
+MODES = ("on", "shadow", "audit", "off")
 ANSWERS = ("kernel", "fallback", "upstream")
 
 StatusFn = Callable[[], Mapping[str, Any]]
@@ -128,12 +142,27 @@ class _Exporter:
                                   registry=None)
         self.mode = Gauge("kvest_mode", "1 for the mode kvest runs in (on, shadow, off)",
                           ["mode"], registry=None, multiprocess_mode="max")
+        self.audit_steps = Counter("kvest_estimate_steps", "KV audit: decode steps whose "
+                                   "estimate was compared with what the pools handed out",
+                                   registry=None)
+        self.undercounts = Counter("kvest_estimate_undercount", "KV audit: decode steps where "
+                                   "a pool was asked for more than the estimate", ["pool"],
+                                   registry=None)
+        self.short = Counter("kvest_estimate_short_tokens", "KV audit: tokens a pool was asked "
+                             "for beyond the estimate", ["pool"], registry=None)
+        self.gaps = Counter("kvest_kv_bookkeeping_gap", "KV audit: sampled decode steps where "
+                            "the recorded kv_allocated_len grew by other than the pool handed "
+                            "out", ["pool"], registry=None)
+        self.reserved = Gauge("kvest_kv_reserved_uncommitted_tokens", "KV audit: allocated "
+                              "minus committed tokens over the running batch (last sample)",
+                              registry=None, multiprocess_mode="livesum")
         self.pushed: dict[tuple[str, str, str], int] = {}
 
     def _push(self, counter: Any, key: tuple[str, str, str], labels: tuple[str, ...],
               now: int) -> None:
         before = self.pushed.get(key)
-        child = counter.labels(*labels)  # made at the first sync: the series reads 0
+        # made at the first sync: the series reads 0
+        child = counter.labels(*labels) if labels else counter
         # First sight, or the in-process counters started again (a new patch):
         # everything they counted is new.
         delta = now if before is None or now < before else now - before
@@ -159,6 +188,25 @@ class _Exporter:
                            counts["compared"])
                 self._push(self.mismatches, ("mismatches", hotspot, ""), (hotspot,),
                            counts["mismatches"])
+            audit = report.get("audit")
+            if isinstance(audit, Mapping):
+                self._sync_audit(audit)
+
+    def _sync_audit(self, audit: Mapping[str, Any]) -> None:
+        self._push(self.audit_steps, ("audit_steps", "", ""), (), _int(audit.get("steps")))
+        pools = audit.get("pools") or {}
+        for pool, entry in pools.items():
+            if not isinstance(entry, Mapping):
+                continue
+            self._push(self.undercounts, ("undercounts", pool, ""), (pool,),
+                       _int(entry.get("undercounts")))
+            self._push(self.short, ("short", pool, ""), (pool,),
+                       _int(entry.get("short_tokens")))
+            self._push(self.gaps, ("gaps", pool, ""), (pool,),
+                       _int(entry.get("bookkeeping_gaps")))
+        reserved = audit.get("reserved_uncommitted")
+        if reserved is not None:
+            self.reserved.set(_int(reserved))
 
 
 _LOCK = threading.Lock()

@@ -7,6 +7,8 @@ Switch (``KVEST_SGLANG``, read once when the plugin loads; :func:`switch`):
   returned, and kvest counts comparisons, mismatches and time per hot spot;
   the first mismatch of each hot spot is logged with what reproduces it;
 - ``0``/``off``/``false``/``no``: SGLang's own code runs;
+- ``audit``: SGLang's own code runs, and kvest's KV audit
+  (:mod:`kvest.sglang.audit`, which also runs in the two modes above) is added;
 - anything else: off, with a warning that quotes the value (the safe side is
   upstream's code).
 
@@ -59,9 +61,20 @@ class Mode(enum.Enum):
     ON = "on"
     SHADOW = "shadow"
     OFF = "off"
+    AUDIT = "audit"  # SGLang's own code runs; only the KV audit is added
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def compiles(self) -> bool:
+        """Whether kvest's kernels answer (or are compared) in this mode."""
+        return self in (Mode.ON, Mode.SHADOW)
+
+    @property
+    def audits(self) -> bool:
+        """Whether the KV audit (:mod:`kvest.sglang.audit`) runs in this mode."""
+        return self is not Mode.OFF
 
 
 class Switch(NamedTuple):
@@ -92,9 +105,12 @@ def switch(environ: dict[str, str] | None = None) -> Switch:
         return Switch(Mode.ON, f"KVEST_SGLANG={raw!r}")
     if value == "shadow":
         return Switch(Mode.SHADOW, f"KVEST_SGLANG={raw!r}")
+    if value == "audit":
+        return Switch(Mode.AUDIT, f"KVEST_SGLANG={raw!r}: SGLang runs its own code, with "
+                                  "kvest's KV audit")
     if value in _OFF:
         return Switch(Mode.OFF, f"KVEST_SGLANG={raw!r} turns kvest off")
-    why = (f"KVEST_SGLANG={raw!r} is not one of 1/on, shadow, 0/off: kvest is off and "
+    why = (f"KVEST_SGLANG={raw!r} is not one of 1/on, shadow, audit, 0/off: kvest is off and "
            "SGLang runs its own code")
     return Switch(Mode.OFF, why, why)
 
@@ -254,7 +270,7 @@ def reset(mode: Mode, reason: str, sglang: str, scheduler: bool,
         wanted = handoff() if small_to_upstream is None else small_to_upstream
         STATE.handoff = wanted and mode is not Mode.SHADOW  # shadow compares kernels
         STATE.hooked = []
-        first = State.OFF if mode is Mode.OFF else State.NOT_LOADED
+        first = State.NOT_LOADED if mode.compiles else State.OFF
         for entry in STATE.spots.values():
             entry.state, entry.patterns, entry.notes = first, [], []
 
@@ -330,7 +346,15 @@ def status() -> dict[str, Any]:
             "scheduler": STATE.scheduler,
             "hotspots": {name: _entry(STATE.spots.get(name) or Spot(name))
                          for name in list(HOTSPOTS)},
+            "audit": _audit_report(),
         })
+
+
+def _audit_report() -> dict[str, Any]:
+    """The KV audit's counters (:func:`kvest.sglang.audit.report`)."""
+    from kvest.sglang import audit
+
+    return audit.report()
 
 
 def _entry(s: Spot) -> dict[str, Any]:
@@ -359,14 +383,19 @@ def describe() -> list[tuple[int, str]]:
     done = [s for s in spots if s.state in (State.REPLACED, State.SHADOW)]
     head = (f"kvest {kvest.__version__} ({kvest.IMPLEMENTATION}), sglang {STATE.sglang}, "
             f"mode {STATE.mode} ({STATE.reason}): ")
-    if STATE.mode is Mode.OFF or not STATE.scheduler:
+    if not STATE.mode.compiles or not STATE.scheduler:
         head += "nothing replaced"
     else:
         head += ("; ".join(f"{s.name} {s.state} ({', '.join(s.patterns)})" for s in done)
                  or "nothing replaced")
     older = [s.name for s in spots if s.state is State.NOT_RECOGNISED]
-    if older and STATE.mode is not Mode.OFF:
+    if older and STATE.mode.compiles:
         head += f"; not recognised in this release (its own older code): {', '.join(older)}"
+    if STATE.mode.audits and STATE.scheduler:
+        from kvest.sglang import audit
+
+        head += ("; the KV audit runs" if audit.installed()
+                 else "; the KV audit is not installed")
     records = [(logging.INFO, head)]
     for s in spots:
         for note_ in s.declines:

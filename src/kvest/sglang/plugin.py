@@ -5,8 +5,9 @@ thing in every scheduler process), then applies the hooks registered with its
 ``HookRegistry``.  Installed into SGLang's environment, kvest therefore runs
 inside every scheduler without any change to how SGLang is launched.
 
-- ``KVEST_SGLANG`` switches it (on, ``shadow``, off; see
+- ``KVEST_SGLANG`` switches it (on, ``shadow``, ``audit``, off; see
   :mod:`kvest.sglang.monitor`); SGLang's own ``SGLANG_PLUGINS`` works as usual.
+  In every mode but off, the KV audit (:mod:`kvest.sglang.audit`) is added.
 - Only processes that already loaded the scheduler's modules are touched:
   kvest never imports the scheduler into the processes that do not use it
   (the engine, the detokenizer), which log one DEBUG line.
@@ -24,7 +25,7 @@ import warnings
 from typing import Any
 
 from kvest.sglang import monitor
-from kvest.sglang.registry import HOOK_REGISTRY
+from kvest.sglang.registry import BATCH, HOOK_REGISTRY
 
 __all__ = ["load"]
 
@@ -42,6 +43,18 @@ def _registry() -> tuple[Any, Any] | None:
     return registry, replace
 
 
+def _audit() -> None:
+    """The KV audit (:mod:`kvest.sglang.audit`): on its own classes, never
+    SGLang's start-up broken by it."""
+    try:
+        from kvest.sglang import audit
+
+        for why in audit.install():
+            logger.debug("kvest audit: %s", why)
+    except Exception as exc:
+        logger.warning("kvest: the KV audit is not installed: %s: %s", type(exc).__name__, exc)
+
+
 def load() -> None:
     """Register kvest's replacements with SGLang (called by ``load_plugins()``)."""
     choice = monitor.switch()
@@ -55,6 +68,7 @@ def load() -> None:
         # Logging is not configured yet in a scheduler process: stderr too.
         warnings.warn(f"kvest: {choice.warning}", RuntimeWarning, stacklevel=2)
         logger.warning("kvest: %s", choice.warning)
+    found: Any = None
     try:
         from kvest.sglang.hotspots import plan
         from kvest.sglang.patch import apply
@@ -78,6 +92,11 @@ def load() -> None:
     except Exception as exc:  # never break SGLang's start-up
         monitor.failed(f"{type(exc).__name__}: {exc}")
         logger.warning("kvest: SGLang left unpatched: %s: %s", type(exc).__name__, exc)
+        found = None
+    scheduler = found.scheduler if found is not None else BATCH in sys.modules
+    if choice.mode.audits and scheduler:
+        _audit()
+    if found is None:
         return
     if not found.targets and not after_logging:
         # Nothing will call kvest, so nothing would announce: say it now.

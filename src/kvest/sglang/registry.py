@@ -401,3 +401,59 @@ def files() -> tuple[str, ...]:
     for spot in (*HOTSPOTS.values(), *HELPERS.values()):
         modules += spot.modules
     return tuple(dict.fromkeys(module_file(m) for m in modules))
+
+
+# ------------------------------------------------------------------ the audit's facts
+# (kvest.sglang.audit: the estimate the decode step's check decided on, against
+# what the KV pools then hand out; read from 0.5.23's own classes)
+
+ALLOCATOR_BASE = "sglang.srt.mem_cache.allocator.base"
+
+
+class Attach(NamedTuple):
+    """An SGLang method the audit wraps: ``cls.attr`` in the first of ``modules``
+    that defines it."""
+
+    modules: tuple[str, ...]
+    cls: str
+    attr: str
+
+
+# The decode check's own question to the allocator (0.5.19+): check_decode_mem
+# passes it the estimate (num_tokens) and the requests it counted; the retract
+# loop asks again after each request it removes.
+CAPACITY_CHECK = Attach((ALLOCATOR_BASE,), "BaseTokenToKVPoolAllocator",
+                        "check_decode_capacity")
+# The decode step's allocation: alloc_for_decode without speculation, the
+# speculative algorithm's own preparation with it (spec_prepare_for_decode ->
+# eagle_prepare_for_decode, DFlash's and UNO's prepare_for_decode), all inside it.
+DECODE_STEP = Attach((BATCH,), "ScheduleBatch", "prepare_for_decode")
+# The underlying pools: every allocator ends in these, and what they hand out
+# is counted at their own allocation methods (a free-size difference across
+# the call, which the method itself only lowers).
+POOL_ALLOCS = ("alloc", "alloc_extend", "alloc_decode")
+POOLS = (Attach(("sglang.srt.mem_cache.allocator.token", "sglang.srt.mem_cache.allocator"),
+                "TokenToKVPoolAllocator", ""),
+         Attach(("sglang.srt.mem_cache.allocator.paged", "sglang.srt.mem_cache.allocator"),
+                "PagedTokenToKVPoolAllocator", ""))
+
+
+class Composite(NamedTuple):
+    """An allocator made of underlying pools (attributes), and the pool whose
+    tokens the requests' ``kv_allocated_len`` records."""
+
+    pools: tuple[str, ...]
+    recorded: str
+
+
+COMPOSITES: Mapping[str, Composite] = {
+    # SWA (0.5.13+): a full pool and a sliding-window pool (one object for pure SWA)
+    "SWATokenToKVPoolAllocator": Composite(("full_attn_allocator", "swa_attn_allocator"),
+                                           "full_attn_allocator"),
+    # HiSparse (0.5.14+): logical KV, and the device buffers HiSparseCoordinator grows
+    "HiSparseTokenToKVPoolAllocator": Composite(
+        ("logical_attn_allocator", "hisparse_attn_allocator"), "logical_attn_allocator"),
+}
+# Where the requests keep their lengths (flat before 0.5.16; under req.kv since)
+KV_INFO = "kv"
+ALLOCATED, COMMITTED = "kv_allocated_len", "kv_committed_len"

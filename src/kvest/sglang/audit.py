@@ -1,0 +1,660 @@
+"""The KV audit: SGLang's decode estimate against what the KV pools then hand out.
+
+``check_decode_mem`` promises that the next decode step fits: it asks the
+allocator's ``check_decode_capacity(num_tokens=<the estimate>, requests=...)``,
+and the retract loop asks again after each request it removes.  The step's
+allocation then happens inside ``ScheduleBatch.prepare_for_decode`` (with
+speculation too: ``spec_prepare_for_decode`` and the algorithms' own
+preparations run there), through the underlying pools' ``alloc``,
+``alloc_extend`` and ``alloc_decode``.  The audit pairs the two in every
+decode step (:mod:`kvest.sglang.registry` names every place):
+
+- **the estimate**: per pool, steps audited, undercounts (a pool was asked for
+  more than the estimate: the check said "fits" for a step that can fail),
+  the tokens short, and the overcount slack (estimate minus handed out);
+- **the bookkeeping**: what the batch's recorded ``kv_allocated_len`` grew by
+  in the step, against what the pool it records handed out: exact with
+  speculation (the contract since 0.5.16), page-rounded without (one token is
+  recorded inside a whole page); a difference is a gap;
+- **the reserve held**: sum of allocated minus committed over the batch after
+  the step, KV the tree cache cannot reuse.
+
+What a pool hands out is counted at the pool's own method (its free size just
+before and after that call, which the call itself only lowers): never from the
+free size across the step, which the step's own evictions and SWA's window
+frees raise.  A request for ``alloc(n)`` the pool refused counts as asked.
+The lengths (bookkeeping, reserve) are read on sampled steps: a step costs
+O(1) otherwise.  The sampling keeps the reads' average cost at or under
+:data:`LENGTHS_BUDGET_NS` a step, and reads at least one step in
+:data:`MAX_EVERY`; ``KVEST_AUDIT_EVERY=N`` reads every N-th step instead.
+
+The audit never changes what SGLang computes or allocates: every wrapper calls
+upstream's function with its own arguments and returns its answer or raises
+its exception, and the audit's own errors are counted (``errors``), never
+raised.  An allocator whose pools kvest does not know is reported by name under
+``not_audited``, never guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, NamedTuple
+
+from kvest.sglang import registry
+from kvest.sglang.registry import ALLOCATED, COMMITTED, COMPOSITES, KV_INFO, Attach
+
+__all__ = ["Finding", "Kind", "LENGTHS_BUDGET_NS", "MAX_EVERY", "install", "installed",
+           "report", "reset", "uninstall"]
+
+logger = logging.getLogger("kvest.sglang")
+
+LENGTHS_BUDGET_NS = 1000  # the sampled length reads' average cost a step, at most
+MAX_EVERY = 4096  # the lengths are read at least once in this many steps
+EVERY_ENV = "KVEST_AUDIT_EVERY"
+
+
+class Kind(enum.Enum):
+    """What the audit found wrong in a step."""
+
+    UNDERCOUNT = "undercount"  # a pool was asked for more than the estimate
+    GAP = "bookkeeping gap"  # recorded kv_allocated_len growth != what the pool handed out
+    FAILED = "failed after fits"  # the step raised after its check said it fits
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Finding(NamedTuple):
+    """The first finding of a kind: what reproduces it, in words."""
+
+    kind: Kind
+    pool: str
+    text: str
+
+
+@dataclasses.dataclass
+class PoolCounts:
+    """One underlying pool's counters (``name``: the allocator class, and the
+    attribute of a composite allocator that holds it)."""
+
+    steps: int = 0  # steps whose estimate was compared with this pool's allocation
+    undercounts: int = 0
+    short_tokens: int = 0
+    overcounts: int = 0  # steps where the estimate was above what the pool was asked for
+    overcount_slack: int = 0
+    handed_out: int = 0  # tokens handed out in audited decode steps
+    bookkeeping_steps: int = 0
+    bookkeeping_gaps: int = 0
+    gap_tokens: int = 0
+
+
+class _Audit:
+    """The process's counters (the scheduler's thread writes them)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.clear()
+
+    def clear(self) -> None:
+        self.steps = 0  # decode steps whose estimate was compared (every pool)
+        self.unpaired = 0  # decode steps with no check of this batch before them
+        self.undercounts = 0  # steps with an undercount in some pool
+        self.short_tokens = 0  # the most any pool was short, summed over steps
+        self.failed_after_fits = 0
+        self.bookkeeping_steps = 0
+        self.bookkeeping_gaps = 0
+        self.gap_tokens = 0
+        self.reserved_uncommitted: int | None = None  # at the last sampled step
+        self.sampled = 0
+        self.pools: dict[str, PoolCounts] = {}
+        self.not_audited: dict[str, str] = {}
+        self.first: dict[Kind, Finding] = {}
+        self.errors = 0
+        self.last_error: str | None = None
+
+
+AUDIT = _Audit()
+
+
+class _Step:
+    """The step in progress (one scheduler thread per process)."""
+
+    __slots__ = ("asked", "countdown", "depth", "est", "est_alloc", "est_fits", "est_n",
+                 "every", "handed", "window")
+
+    def __init__(self) -> None:
+        self.window = False  # inside prepare_for_decode
+        self.depth = 0  # inside a pool's allocation method (counted once)
+        self.handed: dict[Any, int] = {}  # pool -> tokens handed out in this step
+        self.asked: dict[Any, int] = {}  # pool -> tokens asked and refused (alloc(n))
+        self.est: int | None = None  # the last check's estimate
+        self.est_alloc: Any = None
+        self.est_n = -1
+        self.est_fits = True
+        self.every = 1  # read the lengths every this many steps
+        self.countdown = 0
+
+
+STEP = _Step()
+
+
+def _every_from_env(environ: Any = None) -> int | None:
+    raw = (os.environ if environ is None else environ).get(EVERY_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        logger.warning("kvest: %s=%r is not a positive integer: the audit samples on its own",
+                       EVERY_ENV, raw)
+        return None
+    return value
+
+
+_FIXED_EVERY: int | None = None
+
+
+# ------------------------------------------------------------------ the pools
+
+
+class _Pools(NamedTuple):
+    """An allocator's underlying pools: (name, pool, records kv_allocated_len)."""
+
+    pools: tuple[tuple[str, Any, bool], ...]
+    page_size: int
+
+
+_WRAPPED: dict[tuple[type, str], Any] = {}  # (class, attribute) -> upstream's function
+_POOLS_CACHE: dict[int, tuple[Any, _Pools | str]] = {}
+
+
+def _is_pool(obj: Any) -> bool:
+    """Whether every allocation method ``obj`` has is one the audit counts."""
+    cls = type(obj)
+    seen = False
+    for name in registry.POOL_ALLOCS:
+        fn = getattr(cls, name, None)
+        if fn is None:
+            continue
+        if getattr(fn, "__kvest_audit__", None) is None:
+            # an override of a counted method, or a pool class the audit does not know
+            owner = next((k for k in cls.__mro__ if name in vars(k)), None)
+            if owner is not None and owner.__name__ != "BaseTokenToKVPoolAllocator":
+                return False
+            continue
+        seen = True
+    return seen
+
+
+def _pools_of(allocator: Any) -> _Pools | str:
+    """The allocator's pools, or why they are not audited."""
+    cached = _POOLS_CACHE.get(id(allocator))
+    if cached is not None and cached[0] is allocator:
+        return cached[1]
+    answer: _Pools | str
+    name = type(allocator).__name__
+    page = getattr(allocator, "page_size", 1)
+    if _is_pool(allocator):
+        answer = _Pools(((name, allocator, True),), page)
+    else:
+        composite = next((COMPOSITES[k.__name__] for k in type(allocator).__mro__
+                          if k.__name__ in COMPOSITES), None)
+        if composite is None:
+            answer = f"{name}: an allocator kvest does not know"
+        else:
+            found: list[tuple[str, Any, bool]] = []
+            answer = ""
+            for attr in composite.pools:
+                pool = getattr(allocator, attr, None)
+                if pool is None or not _is_pool(pool):
+                    answer = (f"{name}.{attr}: {type(pool).__name__}, a pool kvest does not "
+                              "know")
+                    break
+                if any(p is pool for _, p, _ in found):
+                    continue  # one pool under two names (pure SWA)
+                found.append((f"{name}.{attr}", pool, attr == composite.recorded))
+            if not answer:
+                answer = _Pools(tuple(found), page)
+    _POOLS_CACHE[id(allocator)] = (allocator, answer)
+    return answer
+
+
+# ------------------------------------------------------------------ the wrappers
+
+
+def _pool_alloc(original: Any) -> Any:
+    def alloc(self: Any, *args: Any, **kwargs: Any) -> Any:
+        step = STEP
+        if not step.window or step.depth:
+            return original(self, *args, **kwargs)
+        step.depth = 1
+        try:
+            try:
+                before = self.available_size()
+            except Exception:
+                before = None
+            out = original(self, *args, **kwargs)
+            if before is not None:
+                try:
+                    taken = before - self.available_size()
+                    if taken > 0:
+                        step.handed[self] = step.handed.get(self, 0) + taken
+                    elif out is None and args and original.__name__ == "alloc":
+                        asked = int(args[0])  # alloc(need_size) refused: what was asked
+                        step.asked[self] = step.asked.get(self, 0) + asked
+                except Exception as exc:
+                    _error(exc)
+            return out
+        finally:
+            step.depth = 0
+
+    return _mark(alloc, original)
+
+
+def _capacity(original: Any) -> Any:
+    def check_decode_capacity(self: Any, *args: Any, **kwargs: Any) -> Any:
+        fits = original(self, *args, **kwargs)
+        try:
+            step = STEP
+            step.est = kwargs["num_tokens"] if "num_tokens" in kwargs else args[0]
+            requests = kwargs.get("requests")
+            step.est_n = -1 if requests is None else len(requests)
+            step.est_alloc = self
+            step.est_fits = bool(fits)
+        except Exception as exc:
+            _error(exc)
+        return fits
+
+    return _mark(check_decode_capacity, original)
+
+
+def _decode_step(original: Any) -> Any:
+    def prepare_for_decode(self: Any, *args: Any, **kwargs: Any) -> Any:
+        step = STEP
+        if step.window:
+            return original(self, *args, **kwargs)
+        try:
+            begin = _begin(self)
+        except Exception as exc:
+            _error(exc)
+            begin = None
+        step.window = True
+        raised = True
+        try:
+            out = original(self, *args, **kwargs)
+            raised = False
+            return out
+        finally:
+            step.window = False
+            step.depth = 0
+            try:
+                if begin is not None:
+                    _end(self, begin, raised)
+            except Exception as exc:
+                _error(exc)
+            step.handed = {}
+            step.asked = {}
+            step.est = None
+            step.est_alloc = None
+
+    return _mark(prepare_for_decode, original)
+
+
+def _mark(wrapper: Any, original: Any) -> Any:
+    wrapper.__kvest_audit__ = original
+    wrapper.__name__ = original.__name__
+    wrapper.__qualname__ = f"{original.__qualname__}[kvest audit]"
+    wrapper.__doc__ = original.__doc__
+    wrapper.__module__ = original.__module__
+    return wrapper
+
+
+def _error(exc: BaseException) -> None:
+    AUDIT.errors += 1
+    if AUDIT.last_error is None:
+        logger.warning("kvest audit: its own error, counted and ignored: %s: %s",
+                       type(exc).__name__, exc)
+    AUDIT.last_error = f"{type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------------------------------ a step
+
+
+class _Begin(NamedTuple):
+    allocator: Any
+    pools: _Pools | str
+    est: int | None
+    fits: bool
+    reqs: list[Any] | None  # the requests, on a sampled step
+    n: int
+    allocated: list[int] | None  # their kv_allocated_len before the step (sampled steps)
+    seq_lens: Any  # the batch's seq_lens_cpu before the step (the reproducer's)
+    read_ns: int  # what reading the lengths before the step cost
+
+
+def _getters(reqs: list[Any]) -> tuple[bool, bool]:
+    """Where the requests keep their lengths: (allocated under ``req.kv``,
+    committed under ``req.kv``) -- flat, mixed or nested (registry.KV_INFO)."""
+    kv = getattr(reqs[0], KV_INFO, None)
+    return hasattr(kv, ALLOCATED), hasattr(kv, COMMITTED)
+
+
+def _allocated(reqs: list[Any]) -> list[int]:
+    """Every request's kv_allocated_len."""
+    if not reqs:
+        return []
+    if _getters(reqs)[0]:
+        return [r.kv.kv_allocated_len for r in reqs]
+    return [r.kv_allocated_len for r in reqs]
+
+
+def _committed(reqs: list[Any]) -> int:
+    """The sum of the requests' kv_committed_len."""
+    if not reqs:
+        return 0
+    if _getters(reqs)[1]:
+        return sum(r.kv.kv_committed_len for r in reqs)
+    return sum(r.kv_committed_len for r in reqs)
+
+
+def recorded_growth(before: list[int], after: list[int], page: int, speculative: bool) -> int:
+    """What the requests' recorded ``kv_allocated_len`` says the step took from
+    the pool that records it, to compare with what that pool handed out.
+
+    With speculation (exact, the contract since 0.5.16): a request whose
+    allocation grew from ``a0`` to ``a1`` records ``a1 - ceil_align(a0, page)``
+    new tokens: the pages it already held are not new, and a tail that the
+    record leaves short of a page (0.5.15's ``nxt``) shows.  Without (page-
+    rounded): one token is recorded inside a whole page, so the pages its
+    records span grew by ``ceil_div(a1) - ceil_div(a0)``.
+    """
+    if speculative:
+        return sum(a1 - -(-a0 // page) * page for a0, a1 in zip(before, after) if a1 > a0)
+    return page * sum(-(-a1 // page) + (a0 // -page) for a0, a1 in zip(before, after))
+
+
+def _begin(batch: Any) -> _Begin:
+    step = STEP
+    allocator = batch.token_to_kv_pool_allocator
+    reqs = batch.reqs
+    n = len(reqs)
+    est = step.est if (step.est_alloc is allocator and step.est_n in (n, -1)) else None
+    pools = _pools_of(allocator)
+    page = pools.page_size if isinstance(pools, _Pools) else 1
+    sampled = allocated = None
+    spent = 0
+    step.countdown -= 1
+    if step.countdown <= 0 and isinstance(pools, _Pools):
+        start = time.perf_counter_ns()
+        sampled = list(reqs)
+        allocated = _allocated(sampled)
+        spent = time.perf_counter_ns() - start
+    return _Begin(allocator, pools, est, step.est_fits, sampled, n, allocated,
+                  getattr(batch, "seq_lens_cpu", None), spent)
+
+
+def _end(batch: Any, begin: _Begin, raised: bool) -> None:
+    step = STEP
+    audit = AUDIT
+    pools = begin.pools
+    if not isinstance(pools, _Pools):
+        if pools not in audit.not_audited.values():
+            audit.not_audited[type(begin.allocator).__name__] = pools
+        return
+    est = begin.est
+    worst = 0
+    short_pool = ""
+    handed = step.handed
+    asked_map = step.asked
+    if est is None:
+        audit.unpaired += 1
+    else:
+        audit.steps += 1
+    for name, pool, _records in pools.pools:
+        counts = audit.pools.get(name)
+        if counts is None:
+            counts = audit.pools[name] = PoolCounts()
+        taken = handed.get(pool, 0)
+        counts.handed_out += taken
+        if est is None:
+            continue
+        asked = taken + asked_map.get(pool, 0)
+        counts.steps += 1
+        if asked > est:
+            counts.undercounts += 1
+            counts.short_tokens += asked - est
+            if asked - est > worst:
+                worst, short_pool = asked - est, name
+        elif asked < est:
+            counts.overcounts += 1
+            counts.overcount_slack += est - asked
+    if worst:
+        audit.undercounts += 1
+        audit.short_tokens += worst
+        if Kind.UNDERCOUNT not in audit.first:
+            _found(Kind.UNDERCOUNT, short_pool, batch, begin,
+                   f"the estimate was {est} tokens and the pool was asked for {est + worst}")
+    if raised and est is not None and begin.fits:
+        audit.failed_after_fits += 1
+        if Kind.FAILED not in audit.first:
+            _found(Kind.FAILED, short_pool or pools.pools[0][0], batch, begin,
+                   f"the check said {est} tokens fit, and the step raised")
+    if begin.reqs is not None:
+        if raised:
+            step.countdown = step.every
+        else:
+            _bookkeeping(batch, begin)
+
+
+def _bookkeeping(batch: Any, begin: _Begin) -> None:
+    step = STEP
+    audit = AUDIT
+    pools = begin.pools
+    assert isinstance(pools, _Pools)
+    reqs = begin.reqs
+    assert reqs is not None
+    page = pools.page_size
+    start = time.perf_counter_ns()
+    after = _allocated(reqs)
+    committed = _committed(reqs)
+    spec = getattr(batch, "spec_algorithm", None)
+    speculative = spec is not None and not spec.is_none()
+    assert begin.allocated is not None
+    grew = recorded_growth(begin.allocated, after, page, speculative)
+    spent = begin.read_ns + time.perf_counter_ns() - start
+    audit.sampled += 1
+    audit.reserved_uncommitted = sum(after) - committed
+    beams = any(getattr(r, "beam_group", None) is not None for r in reqs)
+    if len(batch.reqs) == begin.n and not beams:  # beam member rows are not requests
+        for name, pool, records in pools.pools:
+            if not records:
+                continue
+            counts = audit.pools[name]
+            counts.bookkeeping_steps += 1
+            gap = step.handed.get(pool, 0) - grew
+            if gap:
+                counts.bookkeeping_gaps += 1
+                counts.gap_tokens += abs(gap)
+                audit.bookkeeping_gaps += 1
+                audit.gap_tokens += abs(gap)
+                if Kind.GAP not in audit.first:
+                    _found(Kind.GAP, name, batch, begin,
+                           f"the pool handed out {step.handed.get(pool, 0)} tokens and the "
+                           f"requests' kv_allocated_len grew by {grew}"
+                           + ("" if speculative else " (page-rounded)"))
+        audit.bookkeeping_steps += 1
+    fixed = _FIXED_EVERY
+    step.every = fixed if fixed is not None else min(
+        MAX_EVERY, max(1, spent // LENGTHS_BUDGET_NS))
+    step.countdown = step.every
+
+
+def _found(kind: Kind, pool: str, batch: Any, begin: _Begin, what: str) -> None:
+    try:
+        text = f"{what} ({pool}); {_reproducer(batch, begin)}"
+    except Exception as exc:
+        text = f"{what} ({pool}); (no reproducer: {type(exc).__name__}: {exc})"
+    AUDIT.first[kind] = Finding(kind, pool, text)
+    logger.warning("kvest audit: first %s: %s", kind, text)
+
+
+def _reproducer(batch: Any, begin: _Begin) -> str:
+    """The settings and request lengths that reproduce a step."""
+    allocator = begin.allocator
+    spec = getattr(batch, "spec_algorithm", None)
+    settings: dict[str, Any] = {
+        "allocator": type(allocator).__name__,
+        "page_size": getattr(allocator, "page_size", None),
+        "speculative": None if spec is None or spec.is_none() else str(spec),
+        "requests": begin.n,
+    }
+    for name in registry.ALLOC_SETTINGS_MODULES:
+        module = sys.modules.get(name)
+        for fn_name in registry.ALLOC_SETTINGS[1:]:
+            fn = getattr(module, fn_name, None)
+            if callable(fn) and fn_name not in settings:
+                try:
+                    settings[fn_name] = fn()
+                except Exception:
+                    pass
+    coordinator = getattr(batch, "hisparse_coordinator", None)
+    if coordinator is not None:
+        for attr in ("device_buffer_size", "padded_buffer_size"):
+            settings[f"hisparse.{attr}"] = getattr(coordinator, attr, None)
+    before = begin.seq_lens
+    seq = before.tolist() if hasattr(before, "tolist") else before
+    after = []
+    for r in batch.reqs[:64]:
+        kv = getattr(r, KV_INFO, None)
+        source = kv if hasattr(kv, ALLOCATED) else r
+        after.append((getattr(source, COMMITTED, getattr(r, COMMITTED, None)),
+                      getattr(source, ALLOCATED, None)))
+    more = " ..." if len(batch.reqs) > 64 else ""
+    return (f"settings {settings}; seq_lens before the step "
+            f"{list(seq)[:64] if seq is not None else None}{more}; (committed, allocated) "
+            f"after it {after}{more}")
+
+
+# ------------------------------------------------------------------ install
+
+
+def _find(attach: Attach) -> tuple[type, Any] | None:
+    for name in attach.modules:
+        module = sys.modules.get(name)
+        if module is None:
+            try:
+                module = importlib.import_module(name)
+            except Exception:
+                continue
+        cls = vars(module).get(attach.cls)
+        if isinstance(cls, type):
+            return cls, vars(cls).get(attach.attr) if attach.attr else None
+    return None
+
+
+def _wrap(cls: type, attr: str, make: Any) -> bool:
+    fn = vars(cls).get(attr)
+    if fn is None or not callable(fn):
+        return False
+    if getattr(fn, "__kvest_audit__", None) is not None:
+        return True
+    _WRAPPED[(cls, attr)] = fn
+    setattr(cls, attr, make(fn))
+    return True
+
+
+def install(every: int | None = None) -> list[str]:
+    """Wrap SGLang's classes where the audit counts (loaded, or importable,
+    scheduler modules only); returns what could not be found, in words.
+    ``every``: read the lengths every this many steps (default: as
+    ``KVEST_AUDIT_EVERY`` says, else adaptive)."""
+    global _FIXED_EVERY
+    missing = []
+    with AUDIT.lock:
+        _FIXED_EVERY = every if every is not None else _every_from_env()
+        STEP.every = _FIXED_EVERY or 1
+        STEP.countdown = 0
+        found = _find(registry.CAPACITY_CHECK)
+        if found is None or not _wrap(found[0], registry.CAPACITY_CHECK.attr, _capacity):
+            missing.append(f"{registry.CAPACITY_CHECK.cls}.{registry.CAPACITY_CHECK.attr} "
+                           "(the decode check's estimate): not in this release")
+        found = _find(registry.DECODE_STEP)
+        if found is None or not _wrap(found[0], registry.DECODE_STEP.attr, _decode_step):
+            missing.append(f"{registry.DECODE_STEP.cls}.{registry.DECODE_STEP.attr}: not in "
+                           "this release")
+        for attach in registry.POOLS:
+            found = _find(attach)
+            if found is None:
+                missing.append(f"{attach.cls}: not in this release")
+                continue
+            for name in registry.POOL_ALLOCS:
+                _wrap(found[0], name, _pool_alloc)
+        _POOLS_CACHE.clear()
+        AUDIT.installed = not any("check_decode_capacity" in m or "prepare_for_decode" in m
+                                  for m in missing)
+        AUDIT.missing = missing
+    return missing
+
+
+def installed() -> bool:
+    return bool(getattr(AUDIT, "installed", False))
+
+
+def uninstall() -> None:
+    """Put SGLang's functions back (tests, the audit command)."""
+    with AUDIT.lock:
+        for (cls, attr), fn in list(_WRAPPED.items()):
+            if getattr(vars(cls).get(attr), "__kvest_audit__", None) is fn:
+                setattr(cls, attr, fn)
+        _WRAPPED.clear()
+        _POOLS_CACHE.clear()
+        AUDIT.installed = False
+
+
+def reset() -> None:
+    """Counters to zero (tests, the audit command, per configuration)."""
+    with AUDIT.lock:
+        AUDIT.clear()
+        STEP.countdown = 0
+        _POOLS_CACHE.clear()
+
+
+def every() -> int | None:
+    """The lengths are read every this many steps (``None``: adaptive)."""
+    return _FIXED_EVERY
+
+
+def report() -> dict[str, Any]:
+    """``status()["audit"]``: the keys are documented in docs/sglang.md."""
+    a = AUDIT
+    with a.lock:
+        pools = {name: dataclasses.asdict(c) for name, c in a.pools.items()}
+        return {
+            "installed": installed(),
+            "missing": list(getattr(a, "missing", [])),
+            "steps": a.steps,
+            "unpaired": a.unpaired,
+            "undercounts": a.undercounts,
+            "short_tokens": a.short_tokens,
+            "failed_after_fits": a.failed_after_fits,
+            "overcount_slack": sum(c["overcount_slack"] for c in pools.values()),
+            "bookkeeping_steps": a.bookkeeping_steps,
+            "bookkeeping_gaps": a.bookkeeping_gaps,
+            "gap_tokens": a.gap_tokens,
+            "reserved_uncommitted": a.reserved_uncommitted,
+            "lengths_every": _FIXED_EVERY if _FIXED_EVERY is not None else "adaptive",
+            "lengths_read": a.sampled,
+            "pools": pools,
+            "not_audited": dict(a.not_audited),
+            "first": {k.value: f.text for k, f in a.first.items()},
+            "errors": a.errors,
+        }

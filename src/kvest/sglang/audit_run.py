@@ -1,0 +1,464 @@
+"""``python -m kvest audit``: SGLang's own scheduler classes on the CPU, audited.
+
+It drives the installed SGLang's real classes -- ``Req``, ``ScheduleBatch``
+(``prepare_for_extend``, ``check_decode_mem``, ``retract_decode``,
+``prepare_for_decode``, ``filter_batch``, ``merge_batch``), ``ReqToTokenPool``,
+the allocators (token, paged, SWA, HiSparse with ``HiSparseCoordinator``'s own
+device-buffer methods), ``RadixCache`` (prefix sharing, with eviction) and
+``release_kv_cache`` -- in a small scheduler loop: admission, decode,
+retraction, finishing, in both overlap orders.  No GPU and no model: the
+"forward pass" samples how many tokens each request commits.  What is stood
+in, because on a CPU it needs a GPU kernel, a model or a host memory pool, is
+named where it is made (:func:`_standins`).  The audit
+(:mod:`kvest.sglang.audit`) pairs every decode step's estimate with what the
+pools hand out, and every step's recorded lengths with it.
+
+Exit status: 0 nothing found, 1 an undercount or a bookkeeping gap, 2 a usage
+error or no importable SGLang scheduler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import functools
+import random
+import sys
+import time
+from array import array
+from collections import deque
+from types import SimpleNamespace
+from typing import Any, NamedTuple
+
+from kvest.sglang import audit
+
+__all__ = ["Config", "Result", "Spec", "main", "matrix", "run"]
+
+
+class Pool(enum.Enum):
+    TOKEN = "token"
+    PAGED = "paged"
+    SWA = "swa"
+    HISPARSE = "hisparse"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Order(enum.Enum):
+    """When a decode step's result (the tokens it committed) is processed."""
+
+    PLAIN = "plain"  # before the next step is scheduled
+    OVERLAP = "overlap"  # after the next step is prepared (the overlap scheduler)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Spec(NamedTuple):
+    algorithm: str | None = None
+    steps: int = 0
+    topk: int = 0
+    draft: int = 0
+
+    def __str__(self) -> str:
+        if self.algorithm is None:
+            return "none"
+        return f"{self.algorithm}({self.steps},{self.topk},{self.draft})"
+
+
+class Config(NamedTuple):
+    pool: Pool
+    page: int
+    spec: Spec
+    order: Order
+    sharing: bool  # prefix sharing through RadixCache
+    seed: int = 0
+
+    def __str__(self) -> str:
+        return (f"{self.pool} p={self.page} spec={self.spec} {self.order}"
+                f"{' sharing' if self.sharing else ''} seed={self.seed}")
+
+
+class Result(NamedTuple):
+    config: Config
+    steps: int
+    undercounts: int
+    overcounts: int
+    gaps: int
+    retractions: int
+    ended: str | None  # why the run stopped early (SGLang raised), if it did
+    findings: dict[str, str]
+    report: dict[str, Any]
+    skipped: str | None = None  # why the configuration was not run
+
+    @property
+    def bad(self) -> bool:
+        return bool(self.undercounts or self.gaps or self.report.get("failed_after_fits"))
+
+
+# ------------------------------------------------------------------ SGLang
+
+
+@functools.lru_cache(maxsize=1)
+def sg() -> SimpleNamespace:
+    """SGLang's modules and classes (ImportError where the scheduler does not import)."""
+    import sglang
+    import sglang.srt.managers.schedule_batch as sb
+    import sglang.srt.mem_cache.allocation as allocation
+    import sglang.srt.mem_cache.common as common
+    import torch
+    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+    from sglang.srt.runtime_context import get_context
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return SimpleNamespace(
+        version=sglang.__version__, torch=torch, sb=sb, allocation=allocation, common=common,
+        Paged=PagedTokenToKVPoolAllocator, Token=TokenToKVPoolAllocator,
+        CacheInitParams=CacheInitParams, ReqToTokenPool=ReqToTokenPool, RadixCache=RadixCache,
+        get_context=get_context, SamplingParams=SamplingParams,
+        SpeculativeAlgorithm=SpeculativeAlgorithm)
+
+
+def _assign(req_pool_indices: Any, req_to_token: Any, start_offset: Any, end_offset: Any,
+            out_cache_loc: Any, batch_size: int) -> None:
+    """``assign_req_to_token_pool_func`` in torch (a Triton kernel, or sgl_kernel, upstream)."""
+    at = 0
+    for i in range(batch_size):
+        start, end = int(start_offset[i]), int(end_offset[i])
+        req_to_token[int(req_pool_indices[i]), start:end] = out_cache_loc[at:at + end - start]
+        at += end - start
+
+
+def _standins() -> None:
+    s = sg()
+    s.allocation.assign_req_to_token_pool_func = _assign
+
+
+def spec_algorithms() -> list[str]:
+    """The speculative algorithms the release offers whose decode step goes
+    through ``spec_prepare_for_decode``."""
+    names = [m.name for m in sg().SpeculativeAlgorithm if m.name != "NONE"]
+    return names
+
+
+# ------------------------------------------------------------------ HiSparse
+
+
+class _HiSparseKV:
+    """The HiSparse device KV pool as far as the allocator and the coordinator
+    read it (a GPU pool upstream): the full -> device index mapping, kept by
+    the allocator, and a page size."""
+
+    def __init__(self, page: int) -> None:
+        self.page_size = page
+        self.layer_num = 1
+        self.full_to_hisparse_device_index_mapping: Any = None
+
+    def register_mapping(self, mapping: Any) -> None:
+        self.full_to_hisparse_device_index_mapping = mapping
+
+    def _translate_loc_to_hisparse_device(self, locs: Any) -> Any:
+        return self.full_to_hisparse_device_index_mapping[locs]
+
+    def translate_loc_from_full_to_hisparse_device(self, locs: Any) -> Any:
+        return self.full_to_hisparse_device_index_mapping[locs]
+
+    def translate_loc_from_full_to_compressed(self, locs: Any) -> Any:
+        return locs
+
+
+class _NoSpecSwap:
+    """HiSparse's spec scratch manager with speculation off."""
+
+    enabled = False
+    scratch_capacity = 0
+
+    def allocate_scratch(self, idx: int) -> None:
+        pass
+
+    def reset(self, idx: int) -> None:
+        pass
+
+    def invalidate_cache(self, idx: int) -> None:
+        pass
+
+    def extend_owned_locs(self, idx: int, locs: Any) -> Any:
+        return locs
+
+    def free_unrotated_scratch(self, idx: int) -> None:
+        pass
+
+    def clear_scratch(self, idx: int) -> None:
+        pass
+
+
+class _NoHost:
+    """The host KV pool (pinned host memory upstream): nothing is backed up."""
+
+    def allocated_host_indices(self, *args: Any) -> Any:
+        return sg().torch.empty(0, dtype=sg().torch.int64)
+
+    def free(self, indices: Any) -> None:
+        pass
+
+
+def _hisparse(pool: Any, allocator: Any, kv: _HiSparseKV, buffer: int) -> Any:
+    """SGLang's own ``HiSparseCoordinator`` class, its state made as its
+    ``__init__`` makes it for one layer, without the streams and the host pool
+    (CUDA upstream); the previous token's host backup is a no-op."""
+    from sglang.srt.managers.hisparse_coordinator import HiSparseCoordinator
+
+    torch = sg().torch
+    c = object.__new__(HiSparseCoordinator)
+    slots, page = pool.req_to_token.shape[0], kv.page_size
+    c.req_to_token_pool, c.token_to_kv_pool_allocator = pool, allocator
+    c.device_buffer_size, c.mem_pool_device, c.page_size = buffer, kv, page
+    c.is_dsv4_hisparse, c.is_m3_hisparse, c.compress_ratio = False, False, 1
+    c.padded_buffer_size = buffer + page
+    c.req_to_device_buffer = torch.zeros((slots, c.padded_buffer_size), dtype=torch.int64)
+    c.req_device_buffer_size = torch.zeros(slots, dtype=torch.int64)
+    c.req_to_host_pool = torch.full((slots, pool.max_context_len + page), -1,
+                                    dtype=torch.int64)
+    c.req_to_host_pool_allocated_len = torch.zeros(slots, dtype=torch.int64)
+    c.req_device_buffer_tokens = torch.full((1, slots, c.padded_buffer_size), -1,
+                                            dtype=torch.int32)
+    c.req_device_buffer_token_locs = torch.full((1, slots, c.padded_buffer_size), -1,
+                                                dtype=torch.int32)
+    c._lru_init = torch.arange(buffer, dtype=torch.int16)
+    c.lru_slots = c._lru_init.view(1, 1, -1).repeat(1, slots, 1).contiguous()
+    c._device_buffer_arange_i32 = torch.arange(buffer, dtype=torch.int32)
+    c.spec_swap = _NoSpecSwap()
+    c.mem_pool_host = _NoHost()
+    c.decode_producer_stream = None
+    c._has_pending_backup = False
+    c._skip_first_backup = [False] * slots
+    c.ack_staging_queue = []
+    c._eager_backup_previous_token = lambda *args: None  # host IO
+    return c
+
+
+# ------------------------------------------------------------------ the loop
+
+
+class World:
+    """A scheduler loop over SGLang's own classes."""
+
+    def __init__(self, config: Config, *, max_running: int = 10) -> None:
+        s = sg()
+        torch = s.torch
+        self.config = config
+        self.rng = random.Random(config.seed)
+        p = self.page = config.page
+        self.max_running = max_running
+        self.retractions = 0
+        self.steps = 0
+        spec = config.spec
+        reserve = 0
+        if spec.algorithm:
+            from kvest.sglang.registry import ALLOC_SIZING
+
+            reserve = sys.modules[ALLOC_SIZING].get_alloc_reserve_per_decode()
+        self.reserve = reserve
+        # lengths at page multiples +-1
+        self.max_prompt = 6 * p + 1 + 40
+        self.max_new = 4 * p + 1 + 24
+        context = self.max_prompt + self.max_new + 2 * reserve + 4 * p + 64
+        self.pool = s.ReqToTokenPool(max_running * 2 + 8, context, "cpu", False)
+        # KV for about max_running * 0.6 requests at full length: retractions come
+        tokens = (int(max_running * 0.4 * (self.max_prompt + self.max_new + reserve))
+                  // p + 2) * p
+        self.coordinator = None
+        dtype = torch.bfloat16
+        if config.pool is Pool.TOKEN:
+            self.allocator = s.Token(tokens, dtype, "cpu", None, False)
+        elif config.pool is Pool.PAGED:
+            self.allocator = s.Paged(tokens, p, dtype, "cpu", None, False)
+        elif config.pool is Pool.HISPARSE:
+            from sglang.srt.mem_cache.allocator.hisparse import HiSparseTokenToKVPoolAllocator
+
+            kv = _HiSparseKV(p)
+            self.allocator = HiSparseTokenToKVPoolAllocator(tokens, p, dtype, "cpu", kv, False)
+            # the device buffer cap: a request reaches it within its lifetime
+            buffer = max(p, ((self.max_prompt + self.max_new // 2) // p) * p)
+            self.coordinator = _hisparse(self.pool, self.allocator, kv, buffer)
+        else:
+            self.allocator = _swa_allocator(tokens, p)
+        self.cache = s.RadixCache(s.CacheInitParams(
+            disable=not config.sharing, req_to_token_pool=self.pool,
+            token_to_kv_pool_allocator=self.allocator, page_size=p,
+            is_eagle=spec.algorithm is not None))
+        self.algorithm = s.SpeculativeAlgorithm.from_string(spec.algorithm)
+        self.running: Any = None
+        self.waiting: deque[Any] = deque()
+        self.pending: list[int] | None = None  # the overlap order's unprocessed commit
+        self.made = 0
+        families = [[self.rng.randrange(1, 30000) for _ in range(self._len(5 * p + 30))]
+                    for _ in range(3)]
+        self.families = families
+
+    def _len(self, top: int) -> int:
+        """A length near a page multiple (k p - 1, k p, k p + 1), or any, up to ``top``."""
+        p = self.page
+        if self.rng.random() < 0.7 and top > p + 1:
+            k = self.rng.randint(1, max(1, (top - 1) // p))
+            return max(1, k * p + self.rng.choice((-1, 0, 1)))
+        return self.rng.randint(1, top)
+
+    def _new_req(self) -> Any:
+        s = sg()
+        self.made += 1
+        family = self.rng.choice(self.families)
+        shared = family[:self.rng.randint(0, len(family))] if self.config.sharing else []
+        prompt = shared + [self.rng.randrange(1, 30000)
+                           for _ in range(max(1, self._len(self.max_prompt - len(shared))))]
+        new = self._len(self.max_new)
+        return s.sb.Req(f"q{self.made}", "", array("q", prompt),
+                        s.SamplingParams(max_new_tokens=max(1, new)))
+
+    # -------------------------------------------------------------- admission
+
+    def admit(self) -> None:
+        s = sg()
+        running = 0 if self.running is None else len(self.running.reqs)
+        while len(self.waiting) < 4:
+            self.waiting.append(self._new_req())
+        picked = []
+        budget = self.allocator.available_size() + self.cache.evictable_size()
+        budget -= running * self.page
+        while self.waiting and running + len(picked) < self.max_running and len(picked) < 3:
+            req = self.waiting[0]
+            req.init_next_round_input(self.cache)
+            req.extend_end = len(req.full_untruncated_fill_ids)
+            need = (-(-req.extend_end // self.page) + 1) * self.page + self.reserve
+            if need > budget:
+                break
+            budget -= need
+            picked.append(self.waiting.popleft())
+        if not picked:
+            return
+        batch = s.sb.ScheduleBatch.init_new(
+            picked, self.pool, self.allocator, self.cache,
+            SimpleNamespace(is_encoder_decoder=False, vocab_size=32000, is_multimodal=False,
+                            attention_arch=None, hf_config=SimpleNamespace()),
+            self.config.order is Order.OVERLAP, self.algorithm)
+        batch.hisparse_coordinator = self.coordinator
+        batch.prepare_for_extend()
+        for req in picked:
+            req.output_ids.append(self.rng.randrange(1, 30000))
+            if self.coordinator is not None:
+                self.coordinator.alloc_device_buffer(req)  # the direct admission path
+        self._finish(batch)
+        if batch.is_empty():
+            return
+        if self.running is None or self.running.is_empty():
+            self.running = batch
+        else:
+            self.running.merge_batch(batch)
+
+    # -------------------------------------------------------------- decode
+
+    def decode(self) -> None:
+        batch = self.running
+        if batch is None or batch.is_empty():
+            return
+        if not batch.check_decode_mem():
+            retracted, _, aborted = batch.retract_decode()
+            self.retractions += len(retracted)
+            for req in retracted:
+                self.waiting.appendleft(req)
+            if batch.is_empty():
+                return
+        pending = self.pending
+        self.pending = None
+        batch.prepare_for_decode()
+        self.steps += 1
+        if self.config.order is Order.OVERLAP:
+            if pending is not None:
+                self._commit(pending)
+            self.pending = self._accepted()
+        else:
+            self._commit(self._accepted())
+
+    def _accepted(self) -> list[int]:
+        """What the forward pass commits, per request (sampled)."""
+        batch = self.running
+        if self.algorithm.is_none():
+            return [0] * len(batch.reqs)
+        draft = max(1, self.config.spec.draft)
+        return [self.rng.randint(1, draft) for _ in batch.reqs]
+
+    def _commit(self, accepted: list[int]) -> None:
+        batch = self.running
+        torch = sg().torch
+        if len(accepted) != len(batch.reqs):
+            accepted = (accepted + [1] * len(batch.reqs))[:len(batch.reqs)]
+        for req, k in zip(batch.reqs, accepted, strict=True):
+            if self.algorithm.is_none():
+                req.output_ids.append(self.rng.randrange(1, 30000))
+                continue
+            kv = req.kv
+            k = max(0, min(k, kv.kv_allocated_len - kv.kv_committed_len))
+            kv.kv_committed_len += k
+            req.output_ids.extend(self.rng.randrange(1, 30000) for _ in range(k))
+        if not self.algorithm.is_none():
+            lens = [r.kv.kv_committed_len for r in batch.reqs]
+            batch.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
+            batch.seq_lens = batch.seq_lens_cpu.clone()
+            batch.orig_seq_lens = batch.seq_lens_cpu.to(torch.int32)
+        self._finish(batch)
+
+    def _finish(self, batch: Any) -> None:
+        s = sg()
+        done = False
+        for req in batch.reqs:
+            if len(req.output_ids) >= req.sampling_params.max_new_tokens:
+                req.finished_reason = s.sb.FINISH_LENGTH(length=len(req.output_ids))
+                if self.coordinator is not None:
+                    self.coordinator.request_finished(req)
+                s.common.release_kv_cache(req, self.cache, checkpoint=self.config.sharing)
+                done = True
+        if done:
+            batch.filter_batch()
+
+    def tick(self) -> None:
+        self.admit()
+        self.decode()
+
+
+def _swa_allocator(tokens: int, page: int) -> Any:
+    raise NotImplementedError("SWA is not driven yet")
+
+
+def context(config: Config) -> Any:
+    spec = config.spec
+    extra: dict[str, Any] = {}
+    if spec.algorithm is not None:
+        extra = dict(speculative_algorithm=spec.algorithm, speculative_num_steps=spec.steps,
+                     speculative_eagle_topk=spec.topk, speculative_num_draft_tokens=spec.draft)
+    return sg().get_context().override_server_args(
+        page_size=config.page, attention_backend="torch_native", **extra)
+
+
+def run(config: Config, steps: int) -> Result:
+    """One configuration: ``steps`` decode steps (fewer if SGLang raises)."""
+    _standins()
+    audit.reset()
+    ended = None
+    with context(config):
+        world = World(config)
+        try:
+            while world.steps < steps:
+                world.tick()
+        except Exception as exc:  # SGLang's own error: the run ends, as a server's would
+            ended = f"{type(exc).__name__}: {exc}"[:300]
+    report = audit.report()
+    overcounts = sum(p.get("overcounts", 0) for p in report["pools"].values())
+    return Result(config, report["steps"], report["undercounts"], overcounts,
+                  report["bookkeeping_gaps"], world.retractions, ended, dict(report["first"]),
+                  report)
