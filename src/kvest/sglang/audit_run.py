@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import enum
 import functools
+import os
 import random
 import sys
 import time
@@ -34,11 +35,14 @@ from kvest.sglang import audit
 
 __all__ = ["Config", "Result", "Spec", "main", "matrix", "run"]
 
+SWA_INTERVAL = "SGLANG_SWA_EVICTION_INTERVAL"
+
 
 class Pool(enum.Enum):
     TOKEN = "token"
     PAGED = "paged"
-    SWA = "swa"
+    SWA = "swa"  # a full pool and a sliding-window pool
+    PURE_SWA = "pure-swa"  # every layer sliding-window: one pool, window frees in the step
     HISPARSE = "hisparse"
 
     def __str__(self) -> str:
@@ -87,6 +91,7 @@ class Result(NamedTuple):
     overcounts: int
     gaps: int
     retractions: int
+    exercised: dict[str, int]  # evictions, window frees, prefix tokens reused
     ended: str | None  # why the run stopped early (SGLang raised), if it did
     findings: dict[str, str]
     report: dict[str, Any]
@@ -288,11 +293,21 @@ class World:
             buffer = max(p, ((self.max_prompt + self.max_new // 2) // p) * p)
             self.coordinator = _hisparse(self.pool, self.allocator, kv, buffer)
         else:
-            self.allocator = _swa_allocator(tokens, p)
-        self.cache = s.RadixCache(s.CacheInitParams(
+            self.allocator = _swa_allocator(config.pool, tokens, p)
+        params = s.CacheInitParams(
             disable=not config.sharing, req_to_token_pool=self.pool,
             token_to_kv_pool_allocator=self.allocator, page_size=p,
-            is_eagle=spec.algorithm is not None))
+            is_eagle=spec.algorithm is not None)
+        if config.pool is Pool.PURE_SWA:
+            from sglang.srt.mem_cache.pure_swa_radix_cache import PureSWARadixCache
+
+            params.sliding_window_size = self.window = max(8, self.max_prompt // 3)
+            self.cache = PureSWARadixCache(params)
+        else:
+            self.cache = s.RadixCache(params)
+        self.evictions = self.window_frees = self.prefix_hits = 0
+        self._count(self.cache, "evict", "evictions")
+        self._count(self.cache, "evict_sliding_windows", "window_frees")
         self.algorithm = s.SpeculativeAlgorithm.from_string(spec.algorithm)
         self.running: Any = None
         self.waiting: deque[Any] = deque()
@@ -301,6 +316,18 @@ class World:
         families = [[self.rng.randrange(1, 30000) for _ in range(self._len(5 * p + 30))]
                     for _ in range(3)]
         self.families = families
+
+    def _count(self, obj: Any, name: str, counter: str) -> None:
+        """Count the calls of ``obj.name`` in ``self.counter`` (what the loop exercised)."""
+        fn = getattr(obj, name, None)
+        if fn is None:
+            return
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            setattr(self, counter, getattr(self, counter) + 1)
+            return fn(*args, **kwargs)
+
+        setattr(obj, name, counted)
 
     def _len(self, top: int) -> int:
         """A length near a page multiple (k p - 1, k p, k p + 1), or any, up to ``top``."""
@@ -335,6 +362,7 @@ class World:
             req = self.waiting[0]
             req.init_next_round_input(self.cache)
             req.extend_end = len(req.full_untruncated_fill_ids)
+            self.prefix_hits += req.prefix_len
             need = (-(-req.extend_end // self.page) + 1) * self.page + self.reserve
             if need > budget:
                 break
@@ -348,6 +376,7 @@ class World:
                             attention_arch=None, hf_config=SimpleNamespace()),
             self.config.order is Order.OVERLAP, self.algorithm)
         batch.hisparse_coordinator = self.coordinator
+        batch.spec_info = _spec_info(self.config.spec.algorithm)
         batch.prepare_for_extend()
         for req in picked:
             req.output_ids.append(self.rng.randrange(1, 30000))
@@ -431,8 +460,27 @@ class World:
         self.decode()
 
 
-def _swa_allocator(tokens: int, page: int) -> Any:
-    raise NotImplementedError("SWA is not driven yet")
+def _swa_kv() -> Any:
+    """SGLang's own ``SWAKVPool`` with no buffers (GPU tensors upstream): the
+    allocator reads its sub-pools (none) and its full -> SWA index mapping."""
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    kv = object.__new__(SWAKVPool)
+    kv.full_kv_pool = kv.swa_kv_pool = None
+    kv.swa_req_ring_size = None
+    kv.full_to_swa_index_mapping = None
+    return kv
+
+
+def _swa_allocator(pool: Pool, tokens: int, page: int) -> Any:
+    from sglang.srt.mem_cache.allocator import swa
+
+    torch = sg().torch
+    if pool is Pool.PURE_SWA:
+        return swa.PureSWATokenToKVPoolAllocator(tokens, page, torch.bfloat16, "cpu", _swa_kv(),
+                                                 False)
+    return swa.SWATokenToKVPoolAllocator(tokens, tokens, page, torch.bfloat16, "cpu", _swa_kv(),
+                                         False)
 
 
 def context(config: Config) -> Any:
@@ -449,16 +497,192 @@ def run(config: Config, steps: int) -> Result:
     """One configuration: ``steps`` decode steps (fewer if SGLang raises)."""
     _standins()
     audit.reset()
-    ended = None
-    with context(config):
-        world = World(config)
-        try:
-            while world.steps < steps:
-                world.tick()
-        except Exception as exc:  # SGLang's own error: the run ends, as a server's would
-            ended = f"{type(exc).__name__}: {exc}"[:300]
+    ended = skipped = None
+    # SWA slides its windows every few tokens here (128 by default, longer than
+    # these requests live), so that frees happen inside decode steps
+    interval = os.environ.get(SWA_INTERVAL)
+    os.environ[SWA_INTERVAL] = "4"
+    try:
+        with context(config):
+            world = World(config)
+            try:
+                while world.steps < steps:
+                    world.tick()
+            except Exception as exc:  # SGLang's own error: the run ends, as a server's would
+                ended = f"{type(exc).__name__}: {exc}"[:300]
+                if not world.steps:
+                    skipped = f"not driven: {ended}"
+    finally:
+        if interval is None:
+            os.environ.pop(SWA_INTERVAL, None)
+        else:
+            os.environ[SWA_INTERVAL] = interval
     report = audit.report()
     overcounts = sum(p.get("overcounts", 0) for p in report["pools"].values())
+    exercised = {"evictions": world.evictions, "window_frees": world.window_frees,
+                 "prefix_hits": world.prefix_hits}
     return Result(config, report["steps"], report["undercounts"], overcounts,
-                  report["bookkeeping_gaps"], world.retractions, ended, dict(report["first"]),
-                  report)
+                  report["bookkeeping_gaps"], world.retractions, exercised, ended,
+                  dict(report["first"]), report, skipped)
+
+
+# ------------------------------------------------------------------ the matrix
+
+
+def _spec_info(algorithm: str | None) -> Any:
+    """The draft input a DFlash or UNO batch carries (its idle form: these
+    algorithms' decode preparation reads only the requests from it)."""
+    if algorithm is None:
+        return None
+    alg = sg().SpeculativeAlgorithm.from_string(algorithm)
+    torch = sg().torch
+    if alg.is_dflash_family():
+        from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+
+        return DFlashDraftInputV2.create_idle_input(torch.device("cpu"))
+    if alg.is_uno():
+        from sglang.srt.speculative.uno_info import UnoDraftInput
+
+        return UnoDraftInput.create_idle_input(torch.device("cpu"))
+    return None
+
+
+def specs(quick: bool) -> list[Spec]:
+    """No speculation, and every algorithm the release offers (EAGLE's family
+    at topk 1, 2 and 4)."""
+    out = [Spec()]
+    names = spec_algorithms()
+    for name in names:
+        alg = sg().SpeculativeAlgorithm.from_string(name)
+        topks = (1, 2, 4) if name == "EAGLE" else (1,)
+        if quick and name not in ("EAGLE", "NGRAM", "DFLASH", "UNO"):
+            continue
+        for topk in topks:
+            if quick and topk == 4:
+                continue
+            draft = {1: 4, 2: 6, 4: 8}[topk]
+            if alg.is_uno() or alg.is_dflash_family() or alg.is_ngram():
+                out.append(Spec(name, 1, 1, draft))
+            else:
+                out.append(Spec(name, 3, topk, draft))
+    return out
+
+
+# page sizes per allocator: 1, powers of two and odd ones
+PAGES = {Pool.TOKEN: (1,), Pool.PAGED: (16, 7, 64, 100), Pool.SWA: (1, 16, 7),
+         Pool.PURE_SWA: (1,), Pool.HISPARSE: (16, 7, 64)}
+QUICK_PAGES = {Pool.TOKEN: (1,), Pool.PAGED: (16, 7), Pool.SWA: (16,), Pool.PURE_SWA: (1,),
+               Pool.HISPARSE: (16, 7)}
+
+
+def matrix(quick: bool = False, pools: tuple[Pool, ...] = tuple(Pool), seed: int = 0
+           ) -> list[Config]:
+    configs = []
+    for pool in pools:
+        for page in (QUICK_PAGES if quick else PAGES)[pool]:
+            for spec in specs(quick):
+                if pool is Pool.HISPARSE and spec.algorithm is not None:
+                    continue  # HiSparse's spec scratch swaps run on a GPU: not driven
+                for order in Order:
+                    if quick and spec.algorithm is None and order is Order.OVERLAP \
+                            and pool is not Pool.HISPARSE:
+                        continue
+                    sharing = pool in (Pool.TOKEN, Pool.PAGED, Pool.PURE_SWA)
+                    configs.append(Config(pool, page, spec, order, sharing,
+                                          seed + len(configs)))
+    return configs
+
+
+def _table(results: list[Result]) -> str:
+    head = ("allocator", "page", "speculation", "order", "prefix", "steps", "under",
+            "over", "gaps", "retract", "evict", "window", "ended")
+    rows = [head]
+    for r in results:
+        c = r.config
+        rows.append((str(c.pool), str(c.page), str(c.spec), str(c.order),
+                     "shared" if c.sharing else "-", str(r.steps), str(r.undercounts),
+                     str(r.overcounts), str(r.gaps), str(r.retractions),
+                     str(r.exercised.get("evictions", 0)),
+                     str(r.exercised.get("window_frees", 0)),
+                     r.skipped or (r.ended or "")[:60]))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+                     for row in rows)
+
+
+def _pools_found(results: list[Result], key: str) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for r in results:
+        for name, counts in r.report.get("pools", {}).items():
+            if counts.get(key):
+                found[name] = found.get(name, 0) + counts[key]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    top = argparse.ArgumentParser(
+        prog="python -m kvest audit",
+        description="Run the installed SGLang's own scheduler classes on the CPU (admission, "
+                    "decode, retraction, finishing, prefix sharing with eviction, both "
+                    "overlap orders) over every allocator, page size and speculative "
+                    "algorithm, and audit each decode step: the estimate the decode check "
+                    "decided on against what the KV pools handed out, and the requests' "
+                    "recorded kv_allocated_len against it. Exit status: 0 nothing found, "
+                    "1 an undercount or a bookkeeping gap, 2 a usage error or no importable "
+                    "SGLang scheduler.")
+    top.add_argument("--quick", action="store_true",
+                     help="fewer configurations and steps (about a minute)")
+    top.add_argument("--steps", type=int, default=None,
+                     help="decode steps per configuration (default 400; 150 with --quick)")
+    top.add_argument("--seed", type=int, default=0, help="the first configuration's seed")
+    top.add_argument("--allocator", action="append", choices=[str(p) for p in Pool],
+                     help="only these allocators (repeatable)")
+    args = top.parse_args(argv)
+    steps = args.steps if args.steps is not None else (150 if args.quick else 400)
+    if steps < 1:
+        top.error("--steps must be at least 1")
+    start = time.monotonic()
+    try:
+        s = sg()
+    except Exception as exc:
+        print(f"kvest audit: SGLang's scheduler does not import here: {type(exc).__name__}: "
+              f"{exc}", file=sys.stderr)
+        return 2
+    missing = audit.install(every=1)
+    if not audit.installed():
+        print(f"kvest audit: cannot attach to this SGLang ({s.version}): {'; '.join(missing)}",
+              file=sys.stderr)
+        return 2
+    pools = tuple(Pool(a) for a in args.allocator) if args.allocator else tuple(Pool)
+    configs = matrix(args.quick, pools, args.seed)
+    print(f"kvest audit: SGLang {s.version}, {len(configs)} configurations, {steps} decode "
+          "steps each", file=sys.stderr)
+    results = []
+    for i, config in enumerate(configs, 1):
+        result = run(config, steps)
+        results.append(result)
+        flag = " UNDERCOUNT" if result.undercounts else ""
+        flag += " GAP" if result.gaps else ""
+        print(f"[{i}/{len(configs)} {time.monotonic() - start:5.0f}s] {config}: "
+              f"{result.steps} steps{flag}", file=sys.stderr, flush=True)
+    print(_table(results))
+    bad = [r for r in results if r.bad]
+    total = sum(r.steps for r in results)
+    print(f"\n{len(results)} configurations, {total} decode steps, "
+          f"{sum(r.retractions for r in results)} retractions, "
+          f"{time.monotonic() - start:.0f} s")
+    if not bad:
+        print("No undercount and no bookkeeping gap.")
+        return 0
+    for key, what in (("undercounts", "undercounts"), ("bookkeeping_gaps", "bookkeeping gaps")):
+        found = _pools_found(results, key)
+        if found:
+            print(f"{what}: " + ", ".join(f"{n} in {pool}" for pool, n in found.items()))
+    shown: set[str] = set()
+    for r in bad:
+        for kind, text in r.findings.items():
+            if kind in shown:
+                continue
+            shown.add(kind)
+            print(f"\nreproducer, first {kind}: configuration {r.config}\n  {text}")
+    return 1
