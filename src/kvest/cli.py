@@ -149,6 +149,9 @@ def parser() -> argparse.ArgumentParser:
     # listed here so that --help shows it.
     sub.add_parser("sglang", help="check kvest against the installed SGLang (the doctor; "
                                   "python -m kvest sglang --help lists its options)")
+    sub.add_parser("audit", help="run the installed SGLang's scheduler classes on the CPU and "
+                                 "audit its decode estimate against what the KV pools hand "
+                                 "out (python -m kvest audit --help lists its options)")
     top.add_argument("--requests", default=1024,
                      type=int_at_least(1, MAX_REQUESTS, ": the pure-Python reference runs on "
                                        "every request (python -m kvest bench times kvest)"),
@@ -192,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvest.sglang.doctor import main as sglang_doctor
 
         return sglang_doctor(argv[1:])
+    if argv[:1] == ["audit"]:  # the KV audit's driver has its own options
+        from kvest.sglang.audit_run import main as audit_main
+
+        return audit_main(argv[1:])
     top = parser()
     args = top.parse_args(argv)
     if args.command == "bench":

@@ -499,10 +499,11 @@ def _bookkeeping(batch: Any, begin: _Begin) -> None:
 
 
 def _found(kind: Kind, pool: str, batch: Any, begin: _Begin, what: str) -> None:
+    what = f"{what} ({pool}), in decode step {AUDIT.steps + AUDIT.unpaired} of this process"
     try:
-        text = f"{what} ({pool}); {_reproducer(batch, begin)}"
+        text = f"{what}; {_reproducer(batch, begin)}"
     except Exception as exc:
-        text = f"{what} ({pool}); (no reproducer: {type(exc).__name__}: {exc})"
+        text = f"{what}; (no reproducer: {type(exc).__name__}: {exc})"
     AUDIT.first[kind] = Finding(kind, pool, text)
     logger.warning("kvest audit: first %s: %s", kind, text)
 

@@ -20,6 +20,7 @@ error or no importable SGLang scheduler.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import enum
 import functools
 import os
@@ -32,6 +33,7 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 from kvest.sglang import audit
+from kvest.sglang.registry import ALLOC_SIZING
 
 __all__ = ["Config", "Result", "Spec", "main", "matrix", "run"]
 
@@ -266,8 +268,6 @@ class World:
         spec = config.spec
         reserve = 0
         if spec.algorithm:
-            from kvest.sglang.registry import ALLOC_SIZING
-
             reserve = sys.modules[ALLOC_SIZING].get_alloc_reserve_per_decode()
         self.reserve = reserve
         # lengths at page multiples +-1
@@ -376,7 +376,7 @@ class World:
                             attention_arch=None, hf_config=SimpleNamespace()),
             self.config.order is Order.OVERLAP, self.algorithm)
         batch.hisparse_coordinator = self.coordinator
-        batch.spec_info = _spec_info(self.config.spec.algorithm)
+        batch.spec_info = _spec_info(self.config.spec.algorithm, picked)
         batch.prepare_for_extend()
         for req in picked:
             req.output_ids.append(self.rng.randrange(1, 30000))
@@ -388,7 +388,25 @@ class World:
         if self.running is None or self.running.is_empty():
             self.running = batch
         else:
-            self.running.merge_batch(batch)
+            with self._draft_detached(self.running, batch):
+                self.running.merge_batch(batch)
+
+    @contextlib.contextmanager
+    def _draft_detached(self, *batches: Any) -> Any:
+        """DFlash's and UNO's draft state (made by the draft model's forward pass
+        upstream) is not carried through merges and filters here: each batch
+        gets a fresh idle one after, which is all their decode preparation reads."""
+        fresh = self.config.spec.algorithm is not None and _spec_info(
+            self.config.spec.algorithm) is not None
+        if fresh:
+            for b in batches:
+                b.spec_info = None
+        try:
+            yield
+        finally:
+            if fresh:
+                for b in batches:
+                    b.spec_info = _spec_info(self.config.spec.algorithm, b.reqs)
 
     # -------------------------------------------------------------- decode
 
@@ -396,6 +414,8 @@ class World:
         batch = self.running
         if batch is None or batch.is_empty():
             return
+        with self._draft_detached(batch):
+            pass  # the draft state for this batch (DFlash, UNO)
         if not batch.check_decode_mem():
             retracted, _, aborted = batch.retract_decode()
             self.retractions += len(retracted)
@@ -453,7 +473,8 @@ class World:
                 s.common.release_kv_cache(req, self.cache, checkpoint=self.config.sharing)
                 done = True
         if done:
-            batch.filter_batch()
+            with self._draft_detached(batch):
+                batch.filter_batch()
 
     def tick(self) -> None:
         self.admit()
@@ -529,22 +550,34 @@ def run(config: Config, steps: int) -> Result:
 # ------------------------------------------------------------------ the matrix
 
 
-def _spec_info(algorithm: str | None) -> Any:
-    """The draft input a DFlash or UNO batch carries (its idle form: these
-    algorithms' decode preparation reads only the requests from it)."""
+def _spec_info(algorithm: str | None, reqs: list[Any] | None = None) -> Any:
+    """The draft input a DFlash or UNO batch carries, sized to ``reqs`` (made by
+    the draft model's forward pass upstream; their decode preparation reads
+    the requests, and the batch size from it)."""
     if algorithm is None:
         return None
     alg = sg().SpeculativeAlgorithm.from_string(algorithm)
     torch = sg().torch
+    cpu = torch.device("cpu")
+    n = len(reqs or ())
+    lens = torch.tensor([r.kv.kv_committed_len for r in reqs or ()], dtype=torch.int64)
     if alg.is_dflash_family():
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
-        return DFlashDraftInputV2.create_idle_input(torch.device("cpu"))
-    if alg.is_uno():
+        info = DFlashDraftInputV2.create_idle_input(cpu)
+        info.topk_p = torch.zeros((n, 1), dtype=torch.float32)
+        info.topk_index = torch.zeros((n, 1), dtype=torch.int64)
+        info.hidden_states = torch.zeros((n, 1), dtype=torch.float16)
+    elif alg.is_uno():
         from sglang.srt.speculative.uno_info import UnoDraftInput
 
-        return UnoDraftInput.create_idle_input(torch.device("cpu"))
-    return None
+        width = max(1, sys.modules[ALLOC_SIZING].get_alloc_len_per_decode())
+        info = UnoDraftInput.create_idle_input(device=cpu, forward_width=width)
+    else:
+        return None
+    info.bonus_tokens = torch.zeros(n, dtype=torch.int64)
+    info.new_seq_lens = lens
+    return info
 
 
 def specs(quick: bool) -> list[Spec]:
