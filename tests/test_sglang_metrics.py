@@ -125,7 +125,10 @@ def test_exported_with_exact_values_and_labels(multiproc):
         calls(pages, "upstream"): 0.0,
         shadow("comparisons", estimate): 0.0, shadow("mismatches", estimate): 0.0,
         shadow("comparisons", pages): 9.0, shadow("mismatches", pages): 2.0,
-        mode("on"): 1.0, mode("shadow"): 0.0, mode("off"): 0.0,
+        mode("on"): 1.0, mode("shadow"): 0.0, mode("off"): 0.0, mode("audit"): 0.0,
+        # the KV audit's series with no label (no "audit" entry in this status)
+        ("kvest_estimate_steps_total", ()): 0.0,
+        ("kvest_kv_reserved_uncommitted_tokens", ()): 0.0,
     }
 
 

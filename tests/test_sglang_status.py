@@ -31,7 +31,8 @@ ESTIMATE = "new_tokens_required_next_decode"
 SPEC_V2 = "_new_tokens_required_next_decode_spec_v2"
 
 # The keys of status(), pinned: monitoring scripts read them (docs/sglang.md).
-TOP_KEYS = {"kvest", "implementation", "sglang", "mode", "reason", "scheduler", "hotspots"}
+TOP_KEYS = {"kvest", "implementation", "sglang", "mode", "reason", "scheduler", "hotspots",
+            "audit"}
 SPOT_KEYS = {"state", "reason", "patterns", "notes", "calls", "kernel", "fallbacks", "upstream",
              "shadow"}
 SHADOW_KEYS = {"compared", "mismatches", "kvest_us", "upstream_us", "ratio", "first_mismatch"}

@@ -37,9 +37,9 @@ raised.  An allocator whose pools kvest does not know is reported by name under
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
-import importlib
 import logging
 import os
 import sys
@@ -50,8 +50,8 @@ from typing import Any, NamedTuple
 from kvest.sglang import registry
 from kvest.sglang.registry import ALLOCATED, COMMITTED, COMPOSITES, KV_INFO, Attach
 
-__all__ = ["Finding", "Kind", "LENGTHS_BUDGET_NS", "MAX_EVERY", "install", "installed",
-           "report", "reset", "uninstall"]
+__all__ = ["LENGTHS_BUDGET_NS", "MAX_EVERY", "Finding", "Kind", "install", "installed",
+           "recorded_growth", "report", "reset", "uninstall"]
 
 logger = logging.getLogger("kvest.sglang")
 
@@ -378,8 +378,10 @@ def recorded_growth(before: list[int], after: list[int], page: int, speculative:
     records span grew by ``ceil_div(a1) - ceil_div(a0)``.
     """
     if speculative:
-        return sum(a1 - -(-a0 // page) * page for a0, a1 in zip(before, after) if a1 > a0)
-    return page * sum(-(-a1 // page) + (a0 // -page) for a0, a1 in zip(before, after))
+        return sum(a1 - -(-a0 // page) * page
+                   for a0, a1 in zip(before, after, strict=True) if a1 > a0)
+    return page * sum(-(-a1 // page) + (a0 // -page)
+                      for a0, a1 in zip(before, after, strict=True))
 
 
 def _begin(batch: Any) -> _Begin:
@@ -389,7 +391,6 @@ def _begin(batch: Any) -> _Begin:
     n = len(reqs)
     est = step.est if (step.est_alloc is allocator and step.est_n in (n, -1)) else None
     pools = _pools_of(allocator)
-    page = pools.page_size if isinstance(pools, _Pools) else 1
     sampled = allocated = None
     spent = 0
     step.countdown -= 1
@@ -523,10 +524,8 @@ def _reproducer(batch: Any, begin: _Begin) -> str:
         for fn_name in registry.ALLOC_SETTINGS[1:]:
             fn = getattr(module, fn_name, None)
             if callable(fn) and fn_name not in settings:
-                try:
+                with contextlib.suppress(Exception):
                     settings[fn_name] = fn()
-                except Exception:
-                    pass
     coordinator = getattr(batch, "hisparse_coordinator", None)
     if coordinator is not None:
         for attr in ("device_buffer_size", "padded_buffer_size"):
@@ -549,14 +548,10 @@ def _reproducer(batch: Any, begin: _Begin) -> str:
 
 
 def _find(attach: Attach) -> tuple[type, Any] | None:
+    """The class of ``attach`` in a loaded module (never imported here: only a
+    process that runs the scheduler has them, and only it is audited)."""
     for name in attach.modules:
-        module = sys.modules.get(name)
-        if module is None:
-            try:
-                module = importlib.import_module(name)
-            except Exception:
-                continue
-        cls = vars(module).get(attach.cls)
+        cls = vars(sys.modules[name]).get(attach.cls) if name in sys.modules else None
         if isinstance(cls, type):
             return cls, vars(cls).get(attach.attr) if attach.attr else None
     return None

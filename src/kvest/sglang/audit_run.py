@@ -417,7 +417,7 @@ class World:
         with self._draft_detached(batch):
             pass  # the draft state for this batch (DFlash, UNO)
         if not batch.check_decode_mem():
-            retracted, _, aborted = batch.retract_decode()
+            retracted, _, _aborted = batch.retract_decode()
             self.retractions += len(retracted)
             for req in retracted:
                 self.waiting.appendleft(req)
@@ -639,7 +639,7 @@ def _table(results: list[Result]) -> str:
                      str(r.exercised.get("window_frees", 0)),
                      r.skipped or (r.ended or "")[:60]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
                      for row in rows)
 
 

@@ -1,0 +1,414 @@
+"""The KV audit's counting (kvest.sglang.audit) on stand-ins shaped like SGLang's classes.
+
+The stand-ins live in modules named as the registry says SGLang's do (a
+``ScheduleBatch`` whose ``check_decode_mem`` asks its allocator's
+``check_decode_capacity``, allocators whose pools hand out pages), so the
+audit attaches to them exactly as it does in a scheduler process.  The real
+classes are ``tests/test_sglang_audit_real.py``'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+
+from kvest.sglang import audit, monitor, registry
+
+
+def ceil_div(x: int, p: int) -> int:
+    return -(-x // p)
+
+
+class BaseTokenToKVPoolAllocator:
+    page_size = 1
+
+    def check_decode_capacity(self, *, num_tokens, tree_cache, requests=None,
+                              spec_algorithm=None):
+        return self.available_size() >= num_tokens
+
+
+class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    def __init__(self, size: int) -> None:
+        self.free = size
+
+    def available_size(self) -> int:
+        return self.free
+
+    def alloc(self, need: int):
+        if need > self.free:
+            return None
+        self.free -= need
+        return list(range(need))
+
+
+class PagedTokenToKVPoolAllocator(TokenToKVPoolAllocator):
+    def __init__(self, size: int, page: int) -> None:
+        super().__init__(size)
+        self.page_size = page
+
+    def alloc_decode(self, seq_lens):
+        pages = sum(1 for s in seq_lens if s % self.page_size == 1 % self.page_size)
+        if pages * self.page_size > self.free:
+            return None
+        self.free -= pages * self.page_size
+        return list(seq_lens)
+
+    def alloc_extend(self, prefix_lens, seq_lens):
+        pages = sum(ceil_div(s, self.page_size) - ceil_div(p, self.page_size)
+                    for p, s in zip(prefix_lens, seq_lens, strict=True))
+        if pages * self.page_size > self.free:
+            return None
+        self.free -= pages * self.page_size
+        return list(seq_lens)
+
+
+class HiSparseTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    """Two pools; the device pool may be asked for an extra page (0.5.23's bug)."""
+
+    def __init__(self, size: int, page: int) -> None:
+        self.page_size = page
+        self.logical_attn_allocator = PagedTokenToKVPoolAllocator(size, page)
+        self.hisparse_attn_allocator = PagedTokenToKVPoolAllocator(size, page)
+
+    def available_size(self) -> int:
+        return min(self.logical_attn_allocator.available_size(),
+                   self.hisparse_attn_allocator.available_size())
+
+    def alloc_decode(self, seq_lens):
+        return self.logical_attn_allocator.alloc_decode(seq_lens)
+
+
+class MysteryAllocator(BaseTokenToKVPoolAllocator):
+    """An allocator kvest does not know (its own allocation method)."""
+
+    page_size = 4
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+
+    def available_size(self) -> int:
+        return self.free
+
+    def alloc_decode(self, seq_lens):
+        return list(seq_lens)
+
+
+class Spec:
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def is_none(self) -> bool:
+        return not self.on
+
+    def __str__(self) -> str:
+        return "EAGLE" if self.on else "NONE"
+
+
+class Req:
+    def __init__(self, committed: int, allocated: int | None = None) -> None:
+        self.kv = SimpleNamespace(kv_committed_len=committed,
+                                  kv_allocated_len=committed if allocated is None else allocated)
+        self.beam_group = None
+
+
+class ScheduleBatch:
+    """check_decode_mem / prepare_for_decode as SGLang shapes them (0.5.19+)."""
+
+    def __init__(self, reqs, allocator, *, spec=False, reserve=0, aligned=True,
+                 extra_device_pages=0, raise_in_step=False):
+        self.reqs = reqs
+        self.token_to_kv_pool_allocator = allocator
+        self.tree_cache = None
+        self.spec_algorithm = Spec(spec)
+        self.reserve, self.aligned = reserve, aligned
+        self.extra_device_pages = extra_device_pages
+        self.raise_in_step = raise_in_step
+        self.seq_lens_cpu = [r.kv.kv_committed_len for r in reqs]
+
+    def estimate(self, reqs):
+        p = self.token_to_kv_pool_allocator.page_size
+        if not self.spec_algorithm.on:
+            return p * sum(1 for r in reqs if r.kv.kv_committed_len % p == 0)
+        return sum(ceil_div(max(r.kv.kv_allocated_len, r.kv.kv_committed_len + self.reserve), p)
+                   * p - ceil_div(r.kv.kv_allocated_len, p) * p for r in reqs)
+
+    def check_decode_mem(self, selected_indices=None):
+        reqs = self.reqs if selected_indices is None else [self.reqs[i] for i in selected_indices]
+        return self.token_to_kv_pool_allocator.check_decode_capacity(
+            num_tokens=self.estimate(reqs), tree_cache=None, requests=reqs,
+            spec_algorithm=self.spec_algorithm)
+
+    def prepare_for_decode(self):
+        alloc = self.token_to_kv_pool_allocator
+        p = alloc.page_size
+        if not self.spec_algorithm.on:
+            if p == 1:
+                alloc.alloc(len(self.reqs))
+            else:
+                alloc.alloc_decode([r.kv.kv_committed_len + 1 for r in self.reqs])
+            for r in self.reqs:
+                r.kv.kv_allocated_len += 1
+                r.kv.kv_committed_len += 1
+        else:
+            cur = [r.kv.kv_allocated_len for r in self.reqs]
+            nxt = [max(a, ceil_div(r.kv.kv_committed_len + self.reserve, p) * p
+                       if self.aligned else r.kv.kv_committed_len + self.reserve)
+                   for a, r in zip(cur, self.reqs, strict=True)]
+            alloc.alloc_extend(cur, nxt)
+            for r, n in zip(self.reqs, nxt, strict=True):
+                r.kv.kv_allocated_len = max(r.kv.kv_allocated_len, n)
+        if self.extra_device_pages:  # HiSparse's _grow_device_buffers padding
+            alloc.hisparse_attn_allocator.alloc(self.extra_device_pages * p)
+        if self.raise_in_step:
+            raise RuntimeError("HiSparse _grow_device_buffers failed")
+        self.seq_lens_cpu = [r.kv.kv_committed_len for r in self.reqs]
+
+
+def _module(name: str, **attrs) -> types.ModuleType:
+    module = types.ModuleType(name)
+    for key, value in attrs.items():
+        value.__module__ = name
+        setattr(module, key, value)
+    return module
+
+
+@pytest.fixture()
+def audited(monkeypatch):
+    """The stand-ins, under SGLang's module names, with the audit installed
+    (lengths read every step); everything put back after."""
+    classes = {registry.ALLOCATOR_BASE: {"BaseTokenToKVPoolAllocator":
+                                         BaseTokenToKVPoolAllocator},
+               registry.BATCH: {"ScheduleBatch": ScheduleBatch},
+               registry.POOLS[0].modules[0]: {"TokenToKVPoolAllocator": TokenToKVPoolAllocator},
+               registry.POOLS[1].modules[0]: {"PagedTokenToKVPoolAllocator":
+                                              PagedTokenToKVPoolAllocator}}
+    for name, attrs in classes.items():
+        monkeypatch.setitem(sys.modules, name, _module(name, **attrs))
+    audit.reset()
+    assert audit.install(every=1) == []
+    assert audit.installed()
+    yield audit
+    audit.uninstall()
+    audit.reset()
+    assert "__kvest_audit__" not in dir(ScheduleBatch.__dict__["prepare_for_decode"])
+
+
+def step(batch) -> bool:
+    fits = batch.check_decode_mem()
+    batch.prepare_for_decode()
+    return fits
+
+
+def test_exact_estimates_count_steps_and_nothing_else(audited):
+    batch = ScheduleBatch([Req(c) for c in (15, 16, 17, 31, 32, 1)],
+                          PagedTokenToKVPoolAllocator(4096, 16))
+    for _ in range(40):
+        assert step(batch)
+    report = audit.report()
+    assert report["steps"] == 40
+    assert report["undercounts"] == report["bookkeeping_gaps"] == 0
+    pool = report["pools"]["PagedTokenToKVPoolAllocator"]
+    assert pool["steps"] == pool["bookkeeping_steps"] == 40
+    # 6 requests over 40 tokens each: 16 new pages handed out, every one counted
+    assert pool["handed_out"] == 4096 - batch.token_to_kv_pool_allocator.free > 0
+    assert pool["overcounts"] == pool["overcount_slack"] == 0
+    assert report["not_audited"] == {} and report["errors"] == 0
+
+
+def test_token_pool_and_spec_steps_are_exact(audited):
+    batch = ScheduleBatch([Req(5), Req(9)], TokenToKVPoolAllocator(1000))
+    for _ in range(5):
+        step(batch)
+    spec = ScheduleBatch([Req(33), Req(64), Req(7, 16)], PagedTokenToKVPoolAllocator(4096, 16),
+                         spec=True, reserve=8)
+    for _ in range(12):
+        step(spec)
+        held = sum(r.kv.kv_allocated_len - r.kv.kv_committed_len for r in spec.reqs)
+        assert audit.report()["reserved_uncommitted"] == held > 0
+        for r in spec.reqs:
+            r.kv.kv_committed_len += 3  # accepted tokens
+    report = audit.report()
+    assert report["steps"] == 17 and report["bookkeeping_steps"] == 17
+    assert report["undercounts"] == report["bookkeeping_gaps"] == 0
+
+
+def test_hisparse_extra_device_page_is_an_undercount_in_that_pool(audited, caplog):
+    alloc = HiSparseTokenToKVPoolAllocator(4096, 16)
+    # 32 is on a page boundary: one page counted, three taken from the device pool;
+    # then none counted, two taken
+    batch = ScheduleBatch([Req(32), Req(40)], alloc, extra_device_pages=2)
+    with caplog.at_level(logging.WARNING, logger="kvest.sglang"):
+        assert step(batch)
+        step(batch)
+    report = audit.report()
+    device = report["pools"]["HiSparseTokenToKVPoolAllocator.hisparse_attn_allocator"]
+    logical = report["pools"]["HiSparseTokenToKVPoolAllocator.logical_attn_allocator"]
+    assert device["undercounts"] == 2 and device["short_tokens"] == 16 + 32
+    assert logical["undercounts"] == 0 and logical["handed_out"] == 16
+    assert report["undercounts"] == 2 and report["short_tokens"] == 48
+    # the first one is logged once, with what reproduces it
+    warnings = [r.getMessage() for r in caplog.records if "first undercount" in r.getMessage()]
+    assert len(warnings) == 1
+    assert "hisparse_attn_allocator" in warnings[0] and "page_size': 16" in warnings[0]
+    assert "seq_lens before the step [32, 40]" in warnings[0]
+    assert report["first"]["undercount"] == warnings[0].split("first undercount: ", 1)[1]
+
+
+def test_a_refused_request_counts_as_asked_and_a_raising_step_still_audits(audited):
+    alloc = HiSparseTokenToKVPoolAllocator(4096, 16)
+    alloc.hisparse_attn_allocator.free = 16  # one page left on the device
+    batch = ScheduleBatch([Req(32)], alloc, extra_device_pages=2, raise_in_step=True)
+    assert batch.check_decode_mem()  # the estimate's 16 tokens fit
+    with pytest.raises(RuntimeError, match="_grow_device_buffers"):  # SGLang's, untouched
+        batch.prepare_for_decode()
+    report = audit.report()
+    device = report["pools"]["HiSparseTokenToKVPoolAllocator.hisparse_attn_allocator"]
+    # asked for 32 (refused) where 16 were counted
+    assert device["undercounts"] == 1 and device["short_tokens"] == 16
+    assert report["failed_after_fits"] == 1
+
+
+def test_bookkeeping_gap_of_the_0515_shape(audited):
+    """nxt not rounded up to a page: the pool hands out pages, the record is short."""
+    batch = ScheduleBatch([Req(33), Req(64)], PagedTokenToKVPoolAllocator(4096, 16),
+                          spec=True, reserve=8, aligned=False)
+    step(batch)
+    report = audit.report()
+    assert report["undercounts"] == 0
+    assert report["bookkeeping_gaps"] == 1
+    pool = report["pools"]["PagedTokenToKVPoolAllocator"]
+    # 33 -> 41 recorded inside the page it held (48): 7 short; 64 -> 72 of 80: 8 short
+    assert pool["gap_tokens"] == 15 and pool["bookkeeping_gaps"] == 1
+    assert "kv_allocated_len grew by" in report["first"]["bookkeeping gap"]
+
+
+def test_recorded_growth():
+    # spec: pages held before are not new; a short tail shows
+    assert audit.recorded_growth([33, 64], [48, 80], 16, True) == 0 + 16
+    assert audit.recorded_growth([33], [41], 16, True) == -7
+    assert audit.recorded_growth([48], [48], 16, True) == 0
+    # no spec: page-rounded
+    assert audit.recorded_growth([15, 16, 17], [16, 17, 18], 16, False) == 16
+    assert audit.recorded_growth([4, 5], [5, 6], 1, False) == 2
+
+
+def test_unknown_allocator_is_named_not_guessed(audited):
+    batch = ScheduleBatch([Req(3)], MysteryAllocator(100))
+    step(batch)
+    report = audit.report()
+    assert report["steps"] == 0 and report["pools"] == {}
+    assert report["not_audited"] == {"MysteryAllocator":
+                                     "MysteryAllocator: an allocator kvest does not know"}
+
+
+def test_a_step_without_its_check_is_unpaired(audited):
+    batch = ScheduleBatch([Req(3), Req(4)], PagedTokenToKVPoolAllocator(1000, 4))
+    batch.prepare_for_decode()  # no check before it
+    batch.check_decode_mem(selected_indices=[0])  # a check of other requests
+    batch.prepare_for_decode()
+    report = audit.report()
+    assert report["unpaired"] == 2 and report["steps"] == 0
+    batch.check_decode_mem(selected_indices=[0, 1])  # the retract loop's last check: all
+    batch.prepare_for_decode()
+    assert audit.report()["steps"] == 1
+
+
+def test_the_audits_own_errors_never_reach_the_scheduler(audited, monkeypatch):
+    def broken(*args):
+        raise ZeroDivisionError("audit bug")
+
+    monkeypatch.setattr(audit, "_pools_of", broken)
+    batch = ScheduleBatch([Req(3)], PagedTokenToKVPoolAllocator(1000, 4))
+    assert step(batch) is True
+    assert batch.reqs[0].kv.kv_allocated_len == 4  # SGLang's step ran
+    assert audit.report()["errors"] == 1
+
+
+def test_sampling_reads_lengths_every_n_steps(audited):
+    audit.install(every=5)
+    batch = ScheduleBatch([Req(3)], PagedTokenToKVPoolAllocator(1000, 4))
+    for _ in range(20):
+        step(batch)
+    report = audit.report()
+    assert report["steps"] == 20 and report["lengths_read"] == 4
+    assert report["lengths_every"] == 5
+
+
+def test_adaptive_sampling_bounds_the_reads(audited, monkeypatch):
+    monkeypatch.setattr(audit, "_FIXED_EVERY", None)
+    clock = iter(range(0, 10**12, 50_000))  # every read "costs" 50 us
+    monkeypatch.setattr(audit.time, "perf_counter_ns", lambda: next(clock))
+    batch = ScheduleBatch([Req(3)], PagedTokenToKVPoolAllocator(100000, 4))
+    for _ in range(400):
+        step(batch)
+    report = audit.report()
+    # 100 us a sample against a 1 us budget: one read in 100 steps
+    assert report["lengths_read"] == 4 and report["lengths_every"] == "adaptive"
+
+
+def test_status_has_the_documented_audit_keys(audited):
+    step(ScheduleBatch([Req(3)], PagedTokenToKVPoolAllocator(1000, 4)))
+    report = monitor.status()["audit"]
+    assert set(report) == {
+        "installed", "missing", "steps", "unpaired", "undercounts", "short_tokens",
+        "failed_after_fits", "overcount_slack", "bookkeeping_steps", "bookkeeping_gaps",
+        "gap_tokens", "reserved_uncommitted", "lengths_every", "lengths_read", "pools",
+        "not_audited", "first", "errors"}
+    assert set(report["pools"]["PagedTokenToKVPoolAllocator"]) == {
+        "steps", "undercounts", "short_tokens", "overcounts", "overcount_slack", "handed_out",
+        "bookkeeping_steps", "bookkeeping_gaps", "gap_tokens"}
+    assert report["steps"] == 1 and report["installed"] is True
+
+
+def test_the_hot_spot_planner_sees_through_the_audit(audited):
+    from kvest.sglang import hotspots
+
+    owner, fn = hotspots._locate(registry.HOTSPOTS["prepare_for_decode"], sys.modules.get,
+                                 absent=False)
+    assert owner is ScheduleBatch
+    assert fn is audit._WRAPPED[(ScheduleBatch, "prepare_for_decode")]
+
+
+def test_switch_audit_mode():
+    choice = monitor.switch({"KVEST_SGLANG": "audit"})
+    assert choice.mode is monitor.Mode.AUDIT and choice.warning is None
+    assert not choice.mode.compiles and choice.mode.audits
+    assert monitor.Mode.ON.audits and monitor.Mode.SHADOW.audits
+    assert not monitor.Mode.OFF.audits
+    assert "audit" in monitor.switch({"KVEST_SGLANG": "bogus"}).reason
+
+
+def test_metrics_take_the_audit_counters(monkeypatch):
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from kvest.sglang import metrics
+
+    registry_ = prometheus_client.CollectorRegistry()
+    real_counter, real_gauge = prometheus_client.Counter, prometheus_client.Gauge
+
+    def counter(*args, registry=None, **kwargs):
+        return real_counter(*args, registry=registry_, **kwargs)
+
+    def gauge(*args, registry=None, multiprocess_mode=None, **kwargs):
+        return real_gauge(*args, registry=registry_, **kwargs)
+
+    monkeypatch.setattr(prometheus_client, "Counter", counter)
+    monkeypatch.setattr(prometheus_client, "Gauge", gauge)
+    report = {"mode": "audit", "hotspots": {}, "audit": {
+        "steps": 7, "reserved_uncommitted": 96,
+        "pools": {"H.hisparse_attn_allocator": {"undercounts": 2, "short_tokens": 32,
+                                                "bookkeeping_gaps": 0}}}}
+    exporter = metrics._Exporter(lambda: report)
+    exporter.sync()
+    report["audit"]["steps"] = 9
+    exporter.sync()
+    get = registry_.get_sample_value
+    assert get("kvest_estimate_steps_total") == 9
+    assert get("kvest_estimate_undercount_total", {"pool": "H.hisparse_attn_allocator"}) == 2
+    assert get("kvest_estimate_short_tokens_total", {"pool": "H.hisparse_attn_allocator"}) == 32
+    assert get("kvest_kv_bookkeeping_gap_total", {"pool": "H.hisparse_attn_allocator"}) == 0
+    assert get("kvest_kv_reserved_uncommitted_tokens") == 96
+    assert get("kvest_mode", {"mode": "audit"}) == 1
