@@ -1,0 +1,264 @@
+"""The KV audit on SGLang's own classes (the real-SGLang lane).
+
+``kvest.sglang.audit_run`` drives the installed release's ``Req``,
+``ScheduleBatch``, ``RadixCache``, allocators and ``HiSparseCoordinator``
+methods on the CPU; the audit (``kvest.sglang.audit``) attaches to the real
+classes.  What is checked:
+
+- it finds HiSparse's undercount in 0.5.23's own code, in the device pool;
+- it reports zero, with no false alarm, where the estimate is exact: prefix
+  sharing with eviction, SWA window frees, retraction, every speculative
+  algorithm, both overlap orders (and the runs did exercise those);
+- an undercount injected by editing the release's estimate in a copy of its
+  source is caught, and so is a bookkeeping gap injected by giving 0.5.23's
+  ``page_aligned_decode_alloc_lens`` 0.5.15's shape (``nxt`` not rounded up
+  to a page);
+- run as SGLang runs a scheduler (``load_plugins()``, logging configured,
+  ``PROMETHEUS_MULTIPROC_DIR`` set), in ``KVEST_SGLANG=audit`` and in the
+  default mode, its counters reach SGLang's ``/metrics`` through the real
+  prometheus_client in multiprocess mode;
+- ``python -m kvest audit`` exits 1 on such a release and names the pool.
+
+Skipped where the real scheduler does not import, except under
+``KVEST_REQUIRE_REAL_SGLANG=1`` (CI), where that fails.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from sglang_releases import real_sglang_missing
+
+try:
+    import sglang.srt.managers.schedule_batch as sb
+    import sglang.srt.mem_cache.allocator.hisparse
+    import sglang.srt.mem_cache.allocator.paged  # noqa: F401
+    import torch  # noqa: F401
+except Exception as exc:  # not a real SGLang environment
+    pytest.skip(real_sglang_missing(exc), allow_module_level=True)
+
+from kvest.sglang import audit
+from kvest.sglang import audit_run as ar
+
+STEPS = 200
+DEVICE_POOL = "HiSparseTokenToKVPoolAllocator.hisparse_attn_allocator"
+LOGICAL_POOL = "HiSparseTokenToKVPoolAllocator.logical_attn_allocator"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def audited():
+    ar.sg()
+    assert audit.install(every=1) == []
+    yield
+    audit.uninstall()
+    audit.reset()
+
+
+def config(pool: str, page: int, spec: tuple = (), order: str = "plain", sharing: bool = False,
+           seed: int = 1) -> ar.Config:
+    return ar.Config(ar.Pool(pool), page, ar.Spec(*spec), ar.Order(order), sharing, seed)
+
+
+@pytest.mark.parametrize("page", [16, 7])
+@pytest.mark.parametrize("order", ["plain", "overlap"])
+def test_hisparse_undercount_is_found_in_the_device_pool(page, order):
+    result = ar.run(config("hisparse", page, order=order, seed=55), STEPS)
+    pools = result.report["pools"]
+    assert result.steps > 0 and result.skipped is None
+    assert result.undercounts > 0
+    assert pools[DEVICE_POOL]["undercounts"] == result.undercounts
+    assert pools[DEVICE_POOL]["short_tokens"] >= page * result.undercounts
+    # the logical pool, which the estimate is for, is counted exactly
+    assert pools[LOGICAL_POOL]["undercounts"] == 0
+    assert pools[LOGICAL_POOL]["handed_out"] > 0
+    assert result.gaps == 0  # its bookkeeping is right: only the device buffers grow more
+    text = result.findings["undercount"]
+    assert DEVICE_POOL in text and f"'page_size': {page}" in text
+    assert "hisparse.device_buffer_size" in text and "seq_lens before the step" in text
+
+
+# (configuration, what it must have exercised)
+EXACT = [
+    (config("paged", 16, sharing=True, seed=3), ("evictions", "prefix_hits")),
+    (config("paged", 100, sharing=True, seed=4), ("evictions",)),
+    (config("token", 1, ("EAGLE", 3, 2, 6), sharing=True, seed=5),
+     ("evictions", "prefix_hits", "retractions")),
+    (config("paged", 7, ("EAGLE", 3, 2, 6), "overlap", seed=6), ("retractions",)),
+    (config("paged", 16, ("EAGLE", 3, 4, 8), "overlap", sharing=True, seed=7), ("evictions",)),
+    (config("paged", 16, ("NGRAM", 1, 1, 4), sharing=True, seed=8), ("evictions",)),
+    (config("paged", 16, ("DFLASH", 1, 1, 4), seed=9), ()),
+    (config("paged", 16, ("UNO", 1, 1, 4), "overlap", seed=10), ()),
+    (config("swa", 1, seed=11), ("retractions",)),
+    (config("swa", 16, ("EAGLE", 3, 1, 4), seed=12), ()),
+    (config("pure-swa", 1, sharing=True, seed=13), ("window_frees", "evictions")),
+    (config("pure-swa", 1, ("EAGLE", 3, 2, 6), "overlap", sharing=True, seed=14),
+     ("window_frees",)),
+]
+
+
+@pytest.mark.parametrize("case", EXACT, ids=[str(c) for c, _ in EXACT])
+def test_zero_and_no_false_alarm(case):
+    cfg, exercised = case
+    result = ar.run(cfg, STEPS)
+    assert result.skipped is None and result.ended is None, result.ended
+    assert result.steps == STEPS
+    report = result.report
+    assert (result.undercounts, result.gaps, report["failed_after_fits"]) == (0, 0, 0), \
+        result.findings
+    assert report["unpaired"] == 0 and report["errors"] == 0 and report["not_audited"] == {}
+    assert report["bookkeeping_steps"] == STEPS  # every step's lengths read (every=1)
+    for pool in report["pools"].values():
+        assert pool["steps"] == STEPS and pool["undercounts"] == 0
+    counts = dict(result.exercised, retractions=result.retractions)
+    for what in exercised:
+        assert counts[what] > 0, (what, counts)
+
+
+def _edited(fn, old: str, new: str):
+    """``fn`` compiled again from a copy of its release's source with one edit."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    assert source.count(old) == 1, (old, source)
+    namespace = dict(fn.__globals__)
+    exec(compile(source.replace(old, new), inspect.getsourcefile(fn), "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+@pytest.mark.parametrize("edit", ["spec reserve halved", "no-spec boundary"])
+def test_an_undercount_injected_into_the_estimate_is_caught(monkeypatch, edit):
+    cls = sb.ScheduleBatch
+    if edit == "spec reserve halved":
+        fn = cls.__dict__["_new_tokens_required_next_decode_spec_v2"]
+        new = _edited(fn, "reserve = get_alloc_reserve_per_decode()",
+                      "reserve = get_alloc_reserve_per_decode() // 2")
+        monkeypatch.setattr(cls, fn.__name__, new)
+        cfg = config("paged", 16, ("EAGLE", 3, 1, 4), seed=21)
+    else:
+        fn = cls.__dict__["new_tokens_required_next_decode"]
+        new = _edited(fn, "r.kv.kv_committed_len % page_size == 0",
+                      "r.kv.kv_committed_len % page_size == 1")
+        monkeypatch.setattr(cls, fn.__name__, new)
+        cfg = config("paged", 16, seed=22)
+    result = ar.run(cfg, STEPS)
+    assert result.undercounts > 0
+    assert result.report["pools"]["PagedTokenToKVPoolAllocator"]["undercounts"] > 0
+    assert "PagedTokenToKVPoolAllocator" in result.findings["undercount"]
+
+
+def test_a_bookkeeping_gap_of_the_0515_shape_is_caught(monkeypatch):
+    from kvest.sglang.registry import ALLOC_SIZING
+
+    sizing = sys.modules[ALLOC_SIZING]
+    original = sizing.page_aligned_decode_alloc_lens
+    unaligned = _edited(original, "(r.kv.kv_committed_len + reserve + page_size - 1) // "
+                                  "page_size * page_size",
+                        "r.kv.kv_committed_len + reserve")
+    bound = [m for m in list(sys.modules.values())
+             if getattr(m, "page_aligned_decode_alloc_lens", None) is original]
+    assert sizing in bound and len(bound) >= 2  # its home and eagle_utils
+    for module in bound:
+        monkeypatch.setattr(module, "page_aligned_decode_alloc_lens", unaligned)
+    result = ar.run(config("paged", 64, ("EAGLE", 3, 1, 4), seed=23), STEPS)
+    assert result.gaps > 0
+    assert result.undercounts == 0  # the estimate still equals the allocation
+    pool = result.report["pools"]["PagedTokenToKVPoolAllocator"]
+    assert pool["bookkeeping_gaps"] == result.gaps and pool["gap_tokens"] > 0
+    assert "kv_allocated_len grew by" in result.findings["bookkeeping gap"]
+    # and 0.5.23's own shape has none on the same run
+    for module in bound:
+        monkeypatch.setattr(module, "page_aligned_decode_alloc_lens", original)
+    assert ar.run(config("paged", 64, ("EAGLE", 3, 1, 4), seed=23), STEPS).gaps == 0
+
+
+CHILD = r"""
+import json, sys
+from kvest.sglang import audit_run as ar
+
+ar.sg()
+import sglang.srt.managers.scheduler as scheduler
+from sglang.srt.plugins import load_plugins
+from sglang.srt.runtime_context import SpawnRanks, publish, spawn_world_rank
+from sglang.srt.server_args import ServerArgs
+
+import kvest.sglang
+from kvest.sglang import metrics
+
+load_plugins()  # run_scheduler_process's first statement
+server_args = ServerArgs(model_path="dummy", enable_metrics=True)
+publish(server_args, role="scheduler", ranks=SpawnRanks(
+    world_rank=spawn_world_rank(server_args, tp_rank=0, pp_rank=0), dp_rank=None, gpu_id=0))
+scheduler.configure_scheduler_process(server_args, 0)  # logging, and kvest's metrics
+result = ar.run(ar.Config(ar.Pool.HISPARSE, 16, ar.Spec(), ar.Order.PLAIN, False, 55), 200)
+synced = metrics.sync()
+
+from prometheus_client import CollectorRegistry, multiprocess
+
+registry = CollectorRegistry()
+multiprocess.MultiProcessCollector(registry)
+samples = [[s.name, s.labels, s.value] for f in registry.collect() for s in f.samples
+           if s.name.startswith("kvest_")]
+status = kvest.sglang.status()
+json.dump({"synced": synced, "samples": samples, "mode": status["mode"],
+           "states": sorted({v["state"] for v in status["hotspots"].values()}),
+           "audit": status["audit"], "undercounts": result.undercounts}, sys.stdout)
+"""
+
+
+@pytest.mark.parametrize("switch", ["audit", "on"])
+def test_metrics_through_prometheus_multiprocess(tmp_path, switch):
+    pytest.importorskip("prometheus_client")
+    env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path), KVEST_SGLANG=switch,
+               KVEST_METRICS_INTERVAL="3600", PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+                          text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = json.loads(done.stdout)
+    assert got["synced"] is True
+    assert got["mode"] == switch
+    if switch == "audit":  # SGLang's own code: nothing replaced
+        assert got["states"] == ["off"]
+    else:
+        assert "replaced" in got["states"]
+    report = got["audit"]
+    assert report["installed"] and report["undercounts"] == got["undercounts"] > 0
+    values = {(name, tuple(sorted(labels.items()))): value for name, labels, value in
+              got["samples"]}
+    assert values[("kvest_estimate_steps_total", ())] == report["steps"] > 0
+    assert values[("kvest_estimate_undercount_total", (("pool", DEVICE_POOL),))] == \
+        report["pools"][DEVICE_POOL]["undercounts"]
+    assert values[("kvest_estimate_short_tokens_total", (("pool", DEVICE_POOL),))] == \
+        report["pools"][DEVICE_POOL]["short_tokens"] > 0
+    assert values[("kvest_estimate_undercount_total", (("pool", LOGICAL_POOL),))] == 0
+    assert values[("kvest_kv_bookkeeping_gap_total", (("pool", LOGICAL_POOL),))] == 0
+    assert values[("kvest_kv_reserved_uncommitted_tokens", ())] == \
+        report["reserved_uncommitted"]
+    assert values[("kvest_mode", (("mode", switch),))] == 1
+    # the first undercount was logged once, as a WARNING, with its reproducer
+    warnings = [line for line in done.stderr.splitlines() if "first undercount" in line]
+    assert len(warnings) == 1 and "WARNING" in warnings[0] and DEVICE_POOL in warnings[0]
+
+
+def test_the_command_exits_1_and_names_the_pool():
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, "-m", "kvest", "audit", "--allocator", "hisparse",
+                           "--allocator", "paged", "--quick", "--steps", "120"], env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 1, done.stderr[-3000:]
+    out = done.stdout
+    assert "undercounts: " in out and DEVICE_POOL in out
+    assert "reproducer, first undercount" in out
+    assert "[1/" in done.stderr  # progress
+    rows = [line.split() for line in out.splitlines() if line.startswith(("paged", "hisparse"))]
+    assert rows and all(r[6] == "0" for r in rows if r[0] == "paged")  # no false alarm
+    assert any(int(r[6]) > 0 for r in rows if r[0] == "hisparse")
+
+
+def test_the_command_refuses_bad_usage():
+    done = subprocess.run([sys.executable, "-m", "kvest", "audit", "--steps", "0"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 2 and "--steps" in done.stderr
