@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import inspect
 import logging
 import os
 import sys
@@ -79,7 +80,7 @@ class Finding(NamedTuple):
     text: str
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class PoolCounts:
     """One underlying pool's counters (``name``: the allocator class, and the
     attribute of a composite allocator that holds it)."""
@@ -126,20 +127,26 @@ AUDIT = _Audit()
 class _Step:
     """The step in progress (one scheduler thread per process)."""
 
-    __slots__ = ("asked", "countdown", "depth", "est", "est_alloc", "est_fits", "est_n",
-                 "every", "handed", "window")
+    __slots__ = ("allocator", "asked", "before", "check", "countdown", "depth", "every",
+                 "handed", "pools", "read_ns", "reqs", "seq_lens", "window")
 
     def __init__(self) -> None:
         self.window = False  # inside prepare_for_decode
         self.depth = 0  # inside a pool's allocation method (counted once)
         self.handed: dict[Any, int] = {}  # pool -> tokens handed out in this step
         self.asked: dict[Any, int] = {}  # pool -> tokens asked and refused (alloc(n))
-        self.est: int | None = None  # the last check's estimate
-        self.est_alloc: Any = None
-        self.est_n = -1
-        self.est_fits = True
+        # the last check_decode_capacity call: (allocator, args, kwargs, its answer)
+        self.check: tuple[Any, tuple[Any, ...], dict[str, Any], Any] | None = None
         self.every = 1  # read the lengths every this many steps
         self.countdown = 0
+        # the step in progress: its allocator, pools, and on a sampled step the
+        # requests and their kv_allocated_len before it
+        self.allocator: Any = None
+        self.pools: _Pools | str = ""
+        self.reqs: list[Any] | None = None
+        self.before: list[int] | None = None
+        self.seq_lens: Any = None
+        self.read_ns = 0
 
 
 STEP = _Step()
@@ -167,14 +174,22 @@ _FIXED_EVERY: int | None = None
 
 
 class _Pools(NamedTuple):
-    """An allocator's underlying pools: (name, pool, records kv_allocated_len)."""
+    """An allocator's underlying pools: (name, pool, records kv_allocated_len,
+    its counters)."""
 
-    pools: tuple[tuple[str, Any, bool], ...]
+    pools: tuple[tuple[str, Any, bool, PoolCounts], ...]
     page_size: int
 
 
 _WRAPPED: dict[tuple[type, str], Any] = {}  # (class, attribute) -> upstream's function
 _POOLS_CACHE: dict[int, tuple[Any, _Pools | str]] = {}
+
+
+def _counts(name: str) -> PoolCounts:
+    counts = AUDIT.pools.get(name)
+    if counts is None:
+        counts = AUDIT.pools[name] = PoolCounts()
+    return counts
 
 
 def _is_pool(obj: Any) -> bool:
@@ -204,14 +219,14 @@ def _pools_of(allocator: Any) -> _Pools | str:
     name = type(allocator).__name__
     page = getattr(allocator, "page_size", 1)
     if _is_pool(allocator):
-        answer = _Pools(((name, allocator, True),), page)
+        answer = _Pools(((name, allocator, True, _counts(name)),), page)
     else:
         composite = next((COMPOSITES[k.__name__] for k in type(allocator).__mro__
                           if k.__name__ in COMPOSITES), None)
         if composite is None:
             answer = f"{name}: an allocator kvest does not know"
         else:
-            found: list[tuple[str, Any, bool]] = []
+            found: list[tuple[str, Any, bool, PoolCounts]] = []
             answer = ""
             for attr in composite.pools:
                 pool = getattr(allocator, attr, None)
@@ -219,9 +234,10 @@ def _pools_of(allocator: Any) -> _Pools | str:
                     answer = (f"{name}.{attr}: {type(pool).__name__}, a pool kvest does not "
                               "know")
                     break
-                if any(p is pool for _, p, _ in found):
+                if any(p is pool for _, p, _, _ in found):
                     continue  # one pool under two names (pure SWA)
-                found.append((f"{name}.{attr}", pool, attr == composite.recorded))
+                found.append((f"{name}.{attr}", pool, attr == composite.recorded,
+                              _counts(f"{name}.{attr}")))
             if not answer:
                 answer = _Pools(tuple(found), page)
     _POOLS_CACHE[id(allocator)] = (allocator, answer)
@@ -238,43 +254,59 @@ def _pool_alloc(original: Any) -> Any:
             return original(self, *args, **kwargs)
         step.depth = 1
         try:
-            try:
-                before = self.available_size()
-            except Exception:
-                before = None
+            before = self.available_size()
+        except Exception:
+            before = None
+        try:
             out = original(self, *args, **kwargs)
-            if before is not None:
-                try:
-                    taken = before - self.available_size()
-                    if taken > 0:
-                        step.handed[self] = step.handed.get(self, 0) + taken
-                    elif out is None and args and original.__name__ == "alloc":
-                        asked = int(args[0])  # alloc(need_size) refused: what was asked
-                        step.asked[self] = step.asked.get(self, 0) + asked
-                except Exception as exc:
-                    _error(exc)
-            return out
         finally:
             step.depth = 0
+        if before is not None:
+            try:
+                taken = before - self.available_size()
+                if taken > 0:
+                    handed = step.handed
+                    handed[self] = handed.get(self, 0) + taken
+                elif out is None and args and original.__name__ == "alloc":
+                    asked = int(args[0])  # alloc(need_size) refused: what was asked
+                    step.asked[self] = step.asked.get(self, 0) + asked
+            except Exception as exc:
+                _error(exc)
+        return out
 
     return _mark(alloc, original)
 
 
+_CAPACITY_PARAMS = ("self", "num_tokens", "tree_cache", "requests", "spec_algorithm")
+
+
 def _capacity(original: Any) -> Any:
-    def check_decode_capacity(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """The decode check's question to the allocator, recorded as (allocator,
+    the estimate, the requests it counted, the answer) for the step after it."""
+    try:
+        params = inspect.signature(original).parameters
+        keyword_only = (tuple(params) == _CAPACITY_PARAMS and all(
+            p.kind is inspect.Parameter.KEYWORD_ONLY for name, p in params.items()
+            if name != "self"))
+    except (TypeError, ValueError):
+        keyword_only = False
+    if keyword_only:  # 0.5.19-0.5.23's signature: its arguments bound without a dict
+        def check_decode_capacity(self: Any, *, num_tokens: Any, tree_cache: Any,
+                                  requests: Any = None, spec_algorithm: Any = None) -> Any:
+            fits = original(self, num_tokens=num_tokens, tree_cache=tree_cache,
+                            requests=requests, spec_algorithm=spec_algorithm)
+            STEP.check = (self, num_tokens, requests, fits)
+            return fits
+
+        return _mark(check_decode_capacity, original)
+
+    def check_decode_capacity_any(self: Any, *args: Any, **kwargs: Any) -> Any:
         fits = original(self, *args, **kwargs)
-        try:
-            step = STEP
-            step.est = kwargs["num_tokens"] if "num_tokens" in kwargs else args[0]
-            requests = kwargs.get("requests")
-            step.est_n = -1 if requests is None else len(requests)
-            step.est_alloc = self
-            step.est_fits = bool(fits)
-        except Exception as exc:
-            _error(exc)
+        tokens = kwargs.get("num_tokens", args[0] if args else None)
+        STEP.check = (self, tokens, kwargs.get("requests"), fits) if tokens is not None else None
         return fits
 
-    return _mark(check_decode_capacity, original)
+    return _mark(check_decode_capacity_any, original)
 
 
 def _decode_step(original: Any) -> Any:
@@ -282,11 +314,26 @@ def _decode_step(original: Any) -> Any:
         step = STEP
         if step.window:
             return original(self, *args, **kwargs)
+        est = None
+        fits = False
         try:
-            begin = _begin(self)
+            allocator = self.token_to_kv_pool_allocator
+            if allocator is not step.allocator:
+                step.pools = _pools_of(allocator)
+                step.allocator = allocator
+            last = step.check
+            if last is not None and last[0] is allocator:
+                requests = last[2]
+                if requests is None or len(requests) == len(self.reqs):
+                    est, fits = last[1], last[3]
+            step.seq_lens = getattr(self, "seq_lens_cpu", None)
+            step.countdown -= 1
+            if step.countdown <= 0:
+                _read_before(self)
+            audited = True
         except Exception as exc:
             _error(exc)
-            begin = None
+            audited = False
         step.window = True
         raised = True
         try:
@@ -296,15 +343,17 @@ def _decode_step(original: Any) -> Any:
         finally:
             step.window = False
             step.depth = 0
-            try:
-                if begin is not None:
-                    _end(self, begin, raised)
-            except Exception as exc:
-                _error(exc)
-            step.handed = {}
-            step.asked = {}
-            step.est = None
-            step.est_alloc = None
+            if audited:
+                try:
+                    _end(self, est, fits, raised)
+                except Exception as exc:
+                    _error(exc)
+            if step.handed:
+                step.handed = {}
+            if step.asked:
+                step.asked = {}
+            step.check = None
+            step.reqs = step.before = None
 
     return _mark(prepare_for_decode, original)
 
@@ -327,18 +376,6 @@ def _error(exc: BaseException) -> None:
 
 
 # ------------------------------------------------------------------ a step
-
-
-class _Begin(NamedTuple):
-    allocator: Any
-    pools: _Pools | str
-    est: int | None
-    fits: bool
-    reqs: list[Any] | None  # the requests, on a sampled step
-    n: int
-    allocated: list[int] | None  # their kv_allocated_len before the step (sampled steps)
-    seq_lens: Any  # the batch's seq_lens_cpu before the step (the reproducer's)
-    read_ns: int  # what reading the lengths before the step cost
 
 
 def _getters(reqs: list[Any]) -> tuple[bool, bool]:
@@ -384,102 +421,85 @@ def recorded_growth(before: list[int], after: list[int], page: int, speculative:
                       for a0, a1 in zip(before, after, strict=True))
 
 
-def _begin(batch: Any) -> _Begin:
+def _read_before(batch: Any) -> None:
+    """On a sampled step: the requests and their allocated lengths before it."""
     step = STEP
-    allocator = batch.token_to_kv_pool_allocator
-    reqs = batch.reqs
-    n = len(reqs)
-    est = step.est if (step.est_alloc is allocator and step.est_n in (n, -1)) else None
-    pools = _pools_of(allocator)
-    sampled = allocated = None
-    spent = 0
-    step.countdown -= 1
-    if step.countdown <= 0 and isinstance(pools, _Pools):
-        start = time.perf_counter_ns()
-        sampled = list(reqs)
-        allocated = _allocated(sampled)
-        spent = time.perf_counter_ns() - start
-    return _Begin(allocator, pools, est, step.est_fits, sampled, n, allocated,
-                  getattr(batch, "seq_lens_cpu", None), spent)
+    if not isinstance(step.pools, _Pools):
+        return
+    start = time.perf_counter_ns()
+    step.reqs = sampled = list(batch.reqs)
+    step.before = _allocated(sampled)
+    step.read_ns = time.perf_counter_ns() - start
 
 
-def _end(batch: Any, begin: _Begin, raised: bool) -> None:
+def _end(batch: Any, est: int | None, fits: Any, raised: bool) -> None:
     step = STEP
     audit = AUDIT
-    pools = begin.pools
+    pools = step.pools
     if not isinstance(pools, _Pools):
-        if pools not in audit.not_audited.values():
-            audit.not_audited[type(begin.allocator).__name__] = pools
+        audit.not_audited[type(step.allocator).__name__] = pools
         return
-    est = begin.est
-    worst = 0
-    short_pool = ""
     handed = step.handed
-    asked_map = step.asked
     if est is None:
         audit.unpaired += 1
+        for _, pool, _, counts in pools.pools:
+            counts.handed_out += handed.get(pool, 0)
     else:
         audit.steps += 1
-    for name, pool, _records in pools.pools:
-        counts = audit.pools.get(name)
-        if counts is None:
-            counts = audit.pools[name] = PoolCounts()
-        taken = handed.get(pool, 0)
-        counts.handed_out += taken
-        if est is None:
-            continue
-        asked = taken + asked_map.get(pool, 0)
-        counts.steps += 1
-        if asked > est:
-            counts.undercounts += 1
-            counts.short_tokens += asked - est
-            if asked - est > worst:
-                worst, short_pool = asked - est, name
-        elif asked < est:
-            counts.overcounts += 1
-            counts.overcount_slack += est - asked
-    if worst:
-        audit.undercounts += 1
-        audit.short_tokens += worst
-        if Kind.UNDERCOUNT not in audit.first:
-            _found(Kind.UNDERCOUNT, short_pool, batch, begin,
-                   f"the estimate was {est} tokens and the pool was asked for {est + worst}")
-    if raised and est is not None and begin.fits:
-        audit.failed_after_fits += 1
-        if Kind.FAILED not in audit.first:
-            _found(Kind.FAILED, short_pool or pools.pools[0][0], batch, begin,
-                   f"the check said {est} tokens fit, and the step raised")
-    if begin.reqs is not None:
+        asked_map = step.asked
+        worst = 0
+        short_pool = ""
+        for name, pool, _, counts in pools.pools:
+            taken = handed.get(pool, 0) if handed else 0
+            counts.steps += 1
+            counts.handed_out += taken
+            asked = taken + asked_map.get(pool, 0) if asked_map else taken
+            if asked > est:
+                counts.undercounts += 1
+                counts.short_tokens += asked - est
+                if asked - est > worst:
+                    worst, short_pool = asked - est, name
+            elif asked < est:
+                counts.overcounts += 1
+                counts.overcount_slack += est - asked
+        if worst:
+            audit.undercounts += 1
+            audit.short_tokens += worst
+            if Kind.UNDERCOUNT not in audit.first:
+                _found(Kind.UNDERCOUNT, short_pool, batch,
+                       f"the estimate was {est} tokens and the pool was asked for {est + worst}")
+        if raised and fits:
+            audit.failed_after_fits += 1
+            if Kind.FAILED not in audit.first:
+                _found(Kind.FAILED, short_pool or pools.pools[0][0], batch,
+                       f"the check said {est} tokens fit, and the step raised")
+    if step.reqs is not None:
         if raised:
             step.countdown = step.every
         else:
-            _bookkeeping(batch, begin)
+            _bookkeeping(batch, pools)
 
 
-def _bookkeeping(batch: Any, begin: _Begin) -> None:
+def _bookkeeping(batch: Any, pools: _Pools) -> None:
     step = STEP
     audit = AUDIT
-    pools = begin.pools
-    assert isinstance(pools, _Pools)
-    reqs = begin.reqs
-    assert reqs is not None
+    reqs = step.reqs
+    before = step.before
+    assert reqs is not None and before is not None
     page = pools.page_size
     start = time.perf_counter_ns()
     after = _allocated(reqs)
     committed = _committed(reqs)
     spec = getattr(batch, "spec_algorithm", None)
     speculative = spec is not None and not spec.is_none()
-    assert begin.allocated is not None
-    grew = recorded_growth(begin.allocated, after, page, speculative)
-    spent = begin.read_ns + time.perf_counter_ns() - start
+    grew = recorded_growth(before, after, page, speculative)
     audit.sampled += 1
     audit.reserved_uncommitted = sum(after) - committed
     beams = any(getattr(r, "beam_group", None) is not None for r in reqs)
-    if len(batch.reqs) == begin.n and not beams:  # beam member rows are not requests
-        for name, pool, records in pools.pools:
+    if len(batch.reqs) == len(reqs) and not beams:  # beam member rows are not requests
+        for name, pool, records, counts in pools.pools:
             if not records:
                 continue
-            counts = audit.pools[name]
             counts.bookkeeping_steps += 1
             gap = step.handed.get(pool, 0) - grew
             if gap:
@@ -488,36 +508,37 @@ def _bookkeeping(batch: Any, begin: _Begin) -> None:
                 audit.bookkeeping_gaps += 1
                 audit.gap_tokens += abs(gap)
                 if Kind.GAP not in audit.first:
-                    _found(Kind.GAP, name, batch, begin,
+                    _found(Kind.GAP, name, batch,
                            f"the pool handed out {step.handed.get(pool, 0)} tokens and the "
                            f"requests' kv_allocated_len grew by {grew}"
                            + ("" if speculative else " (page-rounded)"))
         audit.bookkeeping_steps += 1
+    spent = step.read_ns + time.perf_counter_ns() - start
     fixed = _FIXED_EVERY
     step.every = fixed if fixed is not None else min(
         MAX_EVERY, max(1, spent // LENGTHS_BUDGET_NS))
     step.countdown = step.every
 
 
-def _found(kind: Kind, pool: str, batch: Any, begin: _Begin, what: str) -> None:
+def _found(kind: Kind, pool: str, batch: Any, what: str) -> None:
     what = f"{what} ({pool}), in decode step {AUDIT.steps + AUDIT.unpaired} of this process"
     try:
-        text = f"{what}; {_reproducer(batch, begin)}"
+        text = f"{what}; {_reproducer(batch)}"
     except Exception as exc:
         text = f"{what}; (no reproducer: {type(exc).__name__}: {exc})"
     AUDIT.first[kind] = Finding(kind, pool, text)
     logger.warning("kvest audit: first %s: %s", kind, text)
 
 
-def _reproducer(batch: Any, begin: _Begin) -> str:
+def _reproducer(batch: Any) -> str:
     """The settings and request lengths that reproduce a step."""
-    allocator = begin.allocator
+    allocator = STEP.allocator
     spec = getattr(batch, "spec_algorithm", None)
     settings: dict[str, Any] = {
         "allocator": type(allocator).__name__,
         "page_size": getattr(allocator, "page_size", None),
         "speculative": None if spec is None or spec.is_none() else str(spec),
-        "requests": begin.n,
+        "requests": len(batch.reqs),
     }
     for name in registry.ALLOC_SETTINGS_MODULES:
         module = sys.modules.get(name)
@@ -530,7 +551,7 @@ def _reproducer(batch: Any, begin: _Begin) -> str:
     if coordinator is not None:
         for attr in ("device_buffer_size", "padded_buffer_size"):
             settings[f"hisparse.{attr}"] = getattr(coordinator, attr, None)
-    before = begin.seq_lens
+    before = STEP.seq_lens
     seq = before.tolist() if hasattr(before, "tolist") else before
     after = []
     for r in batch.reqs[:64]:
@@ -595,6 +616,7 @@ def install(every: int | None = None) -> list[str]:
             for name in registry.POOL_ALLOCS:
                 _wrap(found[0], name, _pool_alloc)
         _POOLS_CACHE.clear()
+        STEP.allocator = None
         AUDIT.installed = not any("check_decode_capacity" in m or "prepare_for_decode" in m
                                   for m in missing)
         AUDIT.missing = missing
@@ -613,6 +635,7 @@ def uninstall() -> None:
                 setattr(cls, attr, fn)
         _WRAPPED.clear()
         _POOLS_CACHE.clear()
+        STEP.allocator = None
         AUDIT.installed = False
 
 
@@ -621,6 +644,7 @@ def reset() -> None:
     with AUDIT.lock:
         AUDIT.clear()
         STEP.countdown = 0
+        STEP.allocator = None
         _POOLS_CACHE.clear()
 
 
