@@ -412,3 +412,24 @@ def test_metrics_take_the_audit_counters(monkeypatch):
     assert get("kvest_kv_bookkeeping_gap_total", {"pool": "H.hisparse_attn_allocator"}) == 0
     assert get("kvest_kv_reserved_uncommitted_tokens") == 96
     assert get("kvest_mode", {"mode": "audit"}) == 1
+
+
+def test_audit_command_without_sglang_exits_2(monkeypatch, capsys):
+    from kvest.sglang import audit_run
+
+    def missing():
+        raise ImportError("No module named 'sglang'")
+
+    monkeypatch.setattr(audit_run, "sg", missing)
+    assert audit_run.main(["--quick"]) == 2
+    assert "does not import here" in capsys.readouterr().err
+
+
+def test_audit_command_usage_errors_exit_2(capsys):
+    from kvest.cli import main
+
+    for argv in (["audit", "--steps", "0"], ["audit", "--allocator", "nope"], ["audit", "-x"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2
+    assert "usage: python -m kvest audit" in capsys.readouterr().err

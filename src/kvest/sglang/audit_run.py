@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import enum
 import functools
+import logging
 import os
 import random
 import sys
@@ -681,6 +682,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvest audit: SGLang's scheduler does not import here: {type(exc).__name__}: "
               f"{exc}", file=sys.stderr)
         return 2
+    # each configuration's first finding is printed below, with its configuration
+    logging.getLogger("kvest.sglang").setLevel(logging.ERROR)
     missing = audit.install(every=1)
     if not audit.installed():
         print(f"kvest audit: cannot attach to this SGLang ({s.version}): {'; '.join(missing)}",
