@@ -151,6 +151,13 @@ def _expected(status: dict) -> dict:
             float(counts["compared"])
         out[("kvest_shadow_mismatches_total", ("hotspot", hotspot))] = \
             float(counts["mismatches"])
+    audit = status["audit"]  # the KV audit's series (docs/audit.md)
+    out[("kvest_estimate_steps_total",)] = float(audit["steps"])
+    out[("kvest_kv_reserved_uncommitted_tokens",)] = float(audit["reserved_uncommitted"] or 0)
+    for pool, entry in audit["pools"].items():
+        out[("kvest_estimate_undercount_total", ("pool", pool))] = float(entry["undercounts"])
+        out[("kvest_estimate_short_tokens_total", ("pool", pool))] = float(entry["short_tokens"])
+        out[("kvest_kv_bookkeeping_gap_total", ("pool", pool))] = float(entry["bookkeeping_gaps"])
     return out
 
 
@@ -293,7 +300,8 @@ def test_counters_on_sglangs_metrics(switch):
     # ... and on SGLang's own /metrics, every series with its value.
     for (name, *labels), value in _expected(result["at_exit"]).items():
         text = ",".join(f'{k}="{v}"' for k, v in labels)
-        assert f"{name}{{{text}}} {value}" in served.splitlines(), (name, labels, value)
+        text = f"{{{text}}}" if labels else ""  # a series with no label is served bare
+        assert f"{name}{text} {value}" in served.splitlines(), (name, labels, value)
     if switch != "0":
         later = metrics._counters(result["at_exit"]["hotspots"].get(
             "new_tokens_required_next_decode", {}))
