@@ -276,8 +276,9 @@ class World:
         self.max_new = 4 * p + 1 + 24
         context = self.max_prompt + self.max_new + 2 * reserve + 4 * p + 64
         self.pool = s.ReqToTokenPool(max_running * 2 + 8, context, "cpu", False)
-        # KV for about max_running * 0.6 requests at full length: retractions come
-        tokens = (int(max_running * 0.4 * (self.max_prompt + self.max_new + reserve))
+        # KV for about 0.4 max_running requests at full length (two at least):
+        # retractions come
+        tokens = (int(max(2.0, max_running * 0.4) * (self.max_prompt + self.max_new + reserve))
                   // p + 2) * p
         self.coordinator = None
         dtype = torch.bfloat16
@@ -515,8 +516,9 @@ def context(config: Config) -> Any:
         page_size=config.page, attention_backend="torch_native", **extra)
 
 
-def run(config: Config, steps: int) -> Result:
-    """One configuration: ``steps`` decode steps (fewer if SGLang raises)."""
+def run(config: Config, steps: int, max_running: int = 10) -> Result:
+    """One configuration: ``steps`` decode steps (fewer if SGLang raises), at
+    most ``max_running`` requests in the decode batch."""
     _standins()
     audit.reset()
     ended = skipped = None
@@ -526,10 +528,12 @@ def run(config: Config, steps: int) -> Result:
     os.environ[SWA_INTERVAL] = "4"
     try:
         with context(config):
-            world = World(config)
+            world = World(config, max_running=max_running)
             try:
-                while world.steps < steps:
-                    world.tick()
+                ticks = 0
+                while world.steps < steps and ticks < 4 * steps + 100:
+                    world.tick()  # (a tick admits, decodes, or both)
+                    ticks += 1
             except Exception as exc:  # SGLang's own error: the run ends, as a server's would
                 ended = f"{type(exc).__name__}: {exc}"[:300]
                 if not world.steps:
@@ -720,5 +724,19 @@ def main(argv: list[str] | None = None) -> int:
             if kind in shown:
                 continue
             shown.add(kind)
-            print(f"\nreproducer, first {kind}: configuration {r.config}\n  {text}")
+            small, running = _smallest(r.config, steps, kind)
+            if small is not None:
+                text = small
+            print(f"\nreproducer, first {kind}: configuration {r.config}, at most {running} "
+                  f"running requests\n  {text}")
     return 1
+
+
+def _smallest(config: Config, steps: int, kind: str) -> tuple[str | None, int]:
+    """The finding of ``kind`` in the same configuration with the fewest running
+    requests that still shows it (a minimal reproducer), and that number."""
+    for running in (1, 2, 3, 4, 6):
+        result = run(config, steps, max_running=running)
+        if kind in result.findings:
+            return result.findings[kind], running
+    return None, 10
