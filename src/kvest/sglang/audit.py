@@ -249,6 +249,8 @@ def _pools_of(allocator: Any) -> _Pools | str:
 
 
 def _pool_alloc(original: Any) -> Any:
+    sized = original.__name__ == "alloc"  # alloc(need_size): a refusal says what was asked
+
     def alloc(self: Any, *args: Any, **kwargs: Any) -> Any:
         step = STEP
         if not step.window or step.depth:
@@ -268,7 +270,7 @@ def _pool_alloc(original: Any) -> Any:
                 if taken > 0:
                     handed = step.handed
                     handed[self] = handed.get(self, 0) + taken
-                elif out is None and args and original.__name__ == "alloc":
+                elif out is None and sized and args:
                     asked = int(args[0])  # alloc(need_size) refused: what was asked
                     step.asked[self] = step.asked.get(self, 0) + asked
             except Exception as exc:
