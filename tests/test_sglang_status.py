@@ -440,7 +440,9 @@ print(json.dumps({"repr": repr(report), "str": str(report), "dict": dict(report)
     ({"KVEST_SGLANG": "0"}, "in mode off (KVEST_SGLANG='0' turns kvest off)"),
     ({"KVEST_SGLANG": "shadow"}, "in mode shadow (KVEST_SGLANG='shadow')"),
     ({"KVEST_SGLANG": "bogus"}, "in mode off (KVEST_SGLANG='bogus' is not one of 1/on, "
-                                "shadow, 0/off"),
+                                "shadow, audit, 0/off"),
+    ({"KVEST_SGLANG": "audit"}, "in mode audit (KVEST_SGLANG='audit': SGLang runs its own "
+                                "code, with kvest's KV audit)"),
     ({"SGLANG_PLUGINS": "someone_else"}, "would not load (SGLANG_PLUGINS='someone_else' "
                                          "does not list kvest)"),
 ])
