@@ -144,12 +144,11 @@ _DICT_ENTRIES = bool(KV_DICT_ENTRIES and kv_dict_entries_ok)
 # The order policies (address order, backward) pay only where a request is
 # read by loads alone, dict entries included (docs/benchmarks.md measures
 # them there): elsewhere a batch is read in order.
-cdef bint _ORDERS = KV_ADDRESS_ORDER and _DICT_ENTRIES
+cdef bint _ORDERS = _DICT_ENTRIES  # (a GIL build: another thread cannot write the batch)
 
 
 cdef extern from "addrorder.h":
     enum:
-        KV_ADDRESS_ORDER
         KV_ORDER_MIN
         KV_BACKWARD_MIN
     bint kv_mostly_near(PyObject **items, Py_ssize_t m)
@@ -560,7 +559,7 @@ cdef int _walk_items(Job *job, kv_cache *cache, PyObject **items, const int64_t 
 
 # From how many requests a walk goes in address order, and how many walks did
 # and gave up (for the tests: kvest._reqs._address_order).  Module state, but
-# only the GIL build (KV_ADDRESS_ORDER) touches it, and only under the GIL.
+# only a GIL build (_ORDERS) touches it, and only under the GIL.
 # The walk's tuning constants are addrorder.h's (KV_ORDER_*), this one's default too.
 cdef Py_ssize_t _order_min = KV_ORDER_MIN
 cdef Py_ssize_t _order_walks = 0, _order_gave_up = 0
@@ -822,6 +821,15 @@ cdef int _walk_rows(Job *job, object reqs, const int64_t *rows, Py_ssize_t m) ex
     return 0
 
 
+cdef int _walk(Job *job, object reqs, object indices) except -1:
+    """The job's rows over reqs, or over the requests indices selects."""
+    cdef _Rows sel
+    if indices is None:
+        return _walk_all(job, reqs)
+    sel = _select(reqs, indices)
+    return _walk_rows(job, reqs, sel.rows, sel.m)
+
+
 cdef class _Rows:
     """The selected rows of one call: a checked list/tuple fast, else the shared rule."""
     cdef int64_t *rows
@@ -959,14 +967,9 @@ def spec_v2_new_tokens_from_reqs(reqs, page_size, reserve, indices=None, *, layo
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
-    cdef _Rows sel
     _job_init(&job, SPEC_V2, _count(page_size, "page_size", 1), _count(reserve, "reserve", 0),
               layout, exact_ints, pm)
-    if indices is None:
-        _walk_all(&job, reqs)
-    else:
-        sel = _select(reqs, indices)
-        _walk_rows(&job, reqs, sel.rows, sel.m)
+    _walk(&job, reqs, indices)
     return job.tokens
 
 
@@ -980,13 +983,8 @@ def decode_new_tokens_from_reqs(reqs, page_size, indices=None, *, layout=None,
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
-    cdef _Rows sel
     _job_init(&job, DECODE, _count(page_size, "page_size", 1), 0, layout, exact_ints, pm)
-    if indices is None:
-        _walk_all(&job, reqs)
-    else:
-        sel = _select(reqs, indices)
-        _walk_rows(&job, reqs, sel.rows, sel.m)
+    _walk(&job, reqs, indices)
     return _times_page(job.count, job.p, "decode_new_tokens_from_reqs")
 
 
@@ -1108,14 +1106,9 @@ def beam_member_rows_from_reqs(reqs, indices=None, *, exact_ints=False, pure=Fal
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
-    cdef _Rows sel
     _job_init(&job, BEAM, 1, 0, None, exact_ints, pm)
     try:
-        if indices is None:
-            _walk_all(&job, reqs)
-        else:
-            sel = _select(reqs, indices)
-            _walk_rows(&job, reqs, sel.rows, sel.m)
+        _walk(&job, reqs, indices)
         if job.beam_total != NULL:
             return <object>job.beam_total
         return job.tokens
@@ -1137,11 +1130,6 @@ def beam_groups_from_reqs(reqs, indices=None, *, pure=False):
     if type(reqs) is not list:  # a list is what schedulers pass: no call for it
         reqs = as_reqs(reqs)
     cdef Job job
-    cdef _Rows sel
     _job_init(&job, BEAM_GROUPS, 1, 0, None, False, pm)
-    if indices is None:
-        _walk_all(&job, reqs)
-    else:
-        sel = _select(reqs, indices)
-        _walk_rows(&job, reqs, sel.rows, sel.m)
+    _walk(&job, reqs, indices)
     return job.count

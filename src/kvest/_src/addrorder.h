@@ -13,14 +13,6 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The reordered walk reads the caller's container before it holds its items;
- * without a GIL another thread could write it in between: off there. */
-#ifdef Py_GIL_DISABLED
-#define KV_ADDRESS_ORDER 0
-#else
-#define KV_ADDRESS_ORDER 1
-#endif
-
 /* The walk's tuning constants, all here (the benchmark above justifies them).
  * The least batch that may go in address order (kvest._reqs._address_order
  * lets the tests lower it): below it a sort costs more than the misses (at
@@ -29,15 +21,10 @@
  * tools/cachegrind_hotspots.py; at 4,096 address order takes 0.6x the time). */
 #define KV_ORDER_MIN 2048
 
-/* From how many requests an estimate or the allocation plan walks a whole
- * batch from its last request to its first, where the answer cannot tell the
- * order.  SGLang reads a batch several times a step, first to last each time
- * (the last step's results, the allocation, its own loops); a batch of
- * thousands does not stay in cache (nor its pages in the TLB) from one pass
- * to the next, and what is left of it is the part read last.  A backward walk
- * starts there, and ends on the requests the next pass starts with
- * (bench/test_sglang_step.py times the steps).  Below this a batch stays in
- * cache anyway. */
+/* From how many requests an estimate or the plan walks a whole batch from
+ * its last request to its first: SGLang's passes over a batch go first to
+ * last, and what is still in cache of one is the part it read last
+ * (docs/development.md; below this a batch stays in cache anyway). */
 #define KV_BACKWARD_MIN 2048
 
 /* Whether items[0..m) mostly follow one another closely in memory: at most

@@ -108,25 +108,16 @@ static inline PyObject *kv_class_dict(PyObject *base)
 #endif
 }
 
-/* dict's value for name when name sits at hint `pos` (borrowed), else NULL:
- * exactly what CPython's own lookup gives, or NULL for "ask the lookup".
- * Keys are unique, so the name found there is the dict's entry for it -- but
- * the lookup may meet another key first and compare it with its own __eq__
- * (a key that is not an exact str, hashing like name), which may answer
- * otherwise.  So a dict whose keys may not all be exact str is never read
- * here.  Only on 3.11 to 3.13 (GIL builds, KV_PRIVATE) does a dict say that
- * of itself (its keys' kind), and there a combined table's entry is read
- * where the dict keeps it -- CPython's own layout
- * (Include/internal/pycore_dict.h), only its fields read here -- once
- * kv_dict_entries_check() has found that read to agree with PyDict_Next;
- * a split table (shared keys: str only) is read with PyDict_Next.  Elsewhere
- * nothing is read here.
- *
- * The primitives: kv_tag_valid and kv_tag (a type's version tag: whether what
- * was worked out for it still holds; CPython changes or clears the tag
- * whenever the type or a base changes, and 3.13 marks an invalid one with 0
- * instead of a flag), kv_type_lookup, kv_dictptr and kv_dict_of, kv_slot_get,
- * kv_slot_at and kv_slot_ptr, kv_small_int, kv_dict_at and its import check. */
+/* The primitives: kv_tag_valid and kv_tag (a type's version tag, changed or
+ * cleared by CPython whenever the type or a base changes), kv_type_lookup,
+ * kv_dictptr and kv_dict_of, kv_slot_ptr, kv_slot_at and kv_slot_get,
+ * kv_small_int, and kv_dict_at: dict's value for name where name sits at
+ * hint `pos` (borrowed), else NULL -- "ask the lookup".  A dict is read there
+ * only where it says its keys are all exact str (3.11 to 3.13: its keys'
+ * kind), for CPython's lookup may meet another key first and answer by that
+ * key's own __eq__; a combined table's entry is read where the dict keeps it
+ * (Include/internal/pycore_dict.h's layout, only its fields read), once
+ * kv_dict_entries_check() found that read to agree with PyDict_Next. */
 static int kv_dict_entries_ok; /* set once kv_dict_entries_check() agrees */
 
 /* ============================================================= the fence */

@@ -16,10 +16,9 @@
  * Modes (kv_ctx.pure):
  *   KV_PURE_OFF    the reads above, Python code and all;
  *   KV_PURE_STRICT never run code of the caller's: a read that would (a
- *                  generic route, a dict whose keys are not all exact str
- *                  where the name is not found) gives KV_IMPURE instead, and
- *                  a dict read misses the learned position only for a scan
- *                  that compares no key with code of its own (reqroute.h);
+ *                  generic route, a dict holding a key that is not plain)
+ *                  gives KV_IMPURE instead; a dict read that misses the
+ *                  learned position scans the dict (kv_dict_scan);
  *   KV_PURE_QUICK  the same, and a dict read that misses the learned
  *                  position gives KV_IMPURE rather than scan (the
  *                  address-ordered walk, which then walks in order).
@@ -33,8 +32,6 @@
 
 #include "reqroute.h"
 
-enum { KV_READ_DICT = KV_ROUTE_DICT, KV_READ_MEMBER = KV_ROUTE_MEMBER,
-       KV_READ_GENERIC = KV_ROUTE_GENERIC };
 /* The names read: indices into kv_cache.names and kv_layout.read. */
 enum { KV_COMMITTED = 0, KV_ALLOCATED = 1, KV_NESTED = 2, KV_BEAM = 3, KV_ROWS = 4,
        KV_NUM_NAMES = 5 };
@@ -140,8 +137,8 @@ KV_HOT PyObject *kv_read_fast(kv_cache *c, kv_layout *l, int which, PyObject *ob
 {
 #if KV_SHORTCUTS
     kv_known *r = kv_layout_read(c, l, which);
-    if (r->route.get == KV_READ_MEMBER) return kv_slot_get(&r->route, obj, c->names[which]);
-    if (r->route.get == KV_READ_DICT && r->hint >= 0) {
+    if (r->route.get == KV_ROUTE_MEMBER) return kv_slot_get(&r->route, obj, c->names[which]);
+    if (r->route.get == KV_ROUTE_DICT && r->hint >= 0) {
         if (!KV_DICT_CACHED || *dictslot == NULL) *dictslot = kv_dictptr(&c->cx.gc, obj);
         if (*dictslot != NULL && **dictslot != NULL)
             return kv_dict_at(**dictslot, r->hint, c->names[which]); /* reqroute.h */
@@ -171,8 +168,8 @@ static int kv_read_slow(kv_cache *c, kv_layout *l, int which, PyObject *obj,
     kv_known *r = kv_layout_read(c, l, which);
     PyObject *v, *name = c->names[which];
 #if KV_SHORTCUTS
-    if (r->route.get == KV_READ_MEMBER) return 0; /* an unset slot */
-    if (r->route.get == KV_READ_DICT) {
+    if (r->route.get == KV_ROUTE_MEMBER) return 0; /* an unset slot */
+    if (r->route.get == KV_ROUTE_DICT) {
         if (!KV_DICT_CACHED || *dictslot == NULL) *dictslot = kv_dictptr(&c->cx.gc, obj);
         if (*dictslot != NULL) {
             PyObject *dict = **dictslot;
@@ -371,7 +368,7 @@ KV_HOT int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
  * or req's instance-dict entry at a hint. */
 typedef struct {
     int nested; /* in req.kv, else in req itself */
-    int route;  /* KV_READ_MEMBER or KV_READ_DICT */
+    int route;  /* KV_ROUTE_MEMBER or KV_ROUTE_DICT */
     Py_ssize_t where; /* the slot's offset, or the hint */
     PyObject *name;   /* borrowed: the cache's name */
 } kv_run_src;
@@ -393,12 +390,12 @@ static int kv_run_src_from(kv_run_src *src, const kv_known *r, PyObject *name, i
     src->nested = nested;
     src->name = name;
     src->route = r->route.get;
-    if (r->route.get == KV_READ_MEMBER && !r->route.none_if_unset) {
+    if (r->route.get == KV_ROUTE_MEMBER && !r->route.none_if_unset) {
         src->where = r->route.offset;
         return 1;
     }
     src->where = r->hint;
-    return r->route.get == KV_READ_DICT && r->hint >= 0 && !nested;
+    return r->route.get == KV_ROUTE_DICT && r->hint >= 0 && !nested;
 }
 
 /* The run that starts at request `first`, reading its committed length (or,
@@ -437,12 +434,12 @@ static int kv_run_begin(kv_cache *c, kv_run *run, PyObject *first, int at_commit
     }
     /* Both types' tags were current when their layouts were looked up, and no
      * Python code runs from there to the run's end: the routes hold for it. */
-    run->req_dict = (need_kv && run->kv.route == KV_READ_DICT)
-                    || (!run->len[0].nested && run->len[0].route == KV_READ_DICT)
-                    || (both && !run->len[1].nested && run->len[1].route == KV_READ_DICT);
-    run->nested_slots = need_kv && run->kv.route == KV_READ_DICT;
+    run->req_dict = (need_kv && run->kv.route == KV_ROUTE_DICT)
+                    || (!run->len[0].nested && run->len[0].route == KV_ROUTE_DICT)
+                    || (both && !run->len[1].nested && run->len[1].route == KV_ROUTE_DICT);
+    run->nested_slots = need_kv && run->kv.route == KV_ROUTE_DICT;
     for (int k = 0; k < 1 + both; k++)
-        run->nested_slots &= run->len[k].nested && run->len[k].route == KV_READ_MEMBER;
+        run->nested_slots &= run->len[k].nested && run->len[k].route == KV_ROUTE_MEMBER;
     return 1;
 #else
     (void)c;
@@ -460,7 +457,7 @@ static int kv_run_begin(kv_cache *c, kv_run *run, PyObject *first, int at_commit
 /* The value src points at in owner (or in dict), borrowed, or NULL. */
 KV_HOT PyObject *kv_run_get(const kv_run_src *src, PyObject *owner, PyObject *dict)
 {
-    if (src->route == KV_READ_MEMBER) return kv_slot_at(owner, src->where);
+    if (src->route == KV_ROUTE_MEMBER) return kv_slot_at(owner, src->where);
     return kv_dict_at(dict, src->where, src->name);
 }
 

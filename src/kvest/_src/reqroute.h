@@ -1,41 +1,28 @@
 /*
- * The attribute-route core, one for the readers (reqattr.h) and the writers
+ * The request core, one for the readers (reqattr.h) and the writers
  * (reqwrite.h): how getattr(obj, name) and setattr(obj, name, value) go for
- * one type, worked out once and trusted while the type's version tag holds
- * (fence.h); the instance dict found without letting a collection run; and
- * the dict read that runs no code of the caller's (pure mode).
+ * one type (a route), worked out once by the one resolver (kv_resolve), kept
+ * in the one memo and trusted while the type's version tag holds; a call's
+ * one context (kv_ctx).  Routes:
  *
- *   KV_ROUTE_DICT    the type's getattro (for reads) or setattro (for writes)
- *                    is the generic one and no class in the MRO defines the
- *                    name: the value lives in the instance __dict__;
+ *   KV_ROUTE_DICT    generic getattro (reads) or setattro (writes), no class
+ *                    in the MRO defines the name: the instance __dict__;
  *   KV_ROUTE_MEMBER  the MRO defines the name as a member descriptor of an
- *                    object slot (a __slots__ entry, a slots=True dataclass
- *                    field) under its own name: the value sits at the
- *                    descriptor's offset, read or replaced there exactly as
- *                    the descriptor's __get__/__set__ do (an unset slot reads
- *                    as missing, or as None for T_OBJECT);
- *   KV_ROUTE_GENERIC anything else (a property or any other descriptor, a
- *                    custom __getattr__/__getattribute__/__setattr__, a
- *                    read-only or audited member, a str subclass as the
- *                    name): PyObject_GetAttr/PyObject_SetAttr.
+ *                    object slot under its own name: read or replaced at its
+ *                    offset exactly as the descriptor's __get__/__set__ do
+ *                    (unset: missing, or None for T_OBJECT);
+ *   KV_ROUTE_GENERIC anything else: PyObject_GetAttr/PyObject_SetAttr.
  *
- * Collections.  On 3.11+ finding an instance dict may build it (an
- * allocation), and a collection there could run a finalizer -- Python code --
- * in the middle of C code that holds borrowed pointers and cached routes.
- * Each call keeps a kv_gc: the first dict lookup holds collections off, and
- * they are let run again (the caller's state restored) right before anything
- * that may run Python code (a generic lookup, an operator, an iterator) and
- * when the call ends.  So the caller's code always runs with the caller's
- * collector state, and kvest's own stretches of C code never see a
- * collection.  (A collection's timing is not part of Python's semantics.)
+ * Collections.  On 3.11+ finding an instance dict may build it, and a
+ * collection there could run a finalizer -- Python code -- amid C code that
+ * holds borrowed pointers.  A call's kv_gc holds collections off from its
+ * first dict lookup and lets them run again (the caller's state restored)
+ * before anything that may run Python code, and when the call ends: the
+ * caller's code always runs with its own collector state.
  *
- * CPython's private API is used only through fence.h's primitives, one
- * block (docs/development.md lists each use).  Behind the fence (KV_PRIVATE
- * is 0) none is used: the type's MRO dicts are searched with PyDict_GetItemWithError, the
- * instance dict is PyObject_GenericGetDict's, a slot is read and written
- * with PyObject_GetAttr/PyObject_SetAttr (proven to be the member
- * descriptor's own get and set), routes last one call, and only in pure
- * mode: everything else takes the generic calls.
+ * CPython's private API is used only through fence.h's primitives.  Behind
+ * the fence (KV_PRIVATE 0) routes last one call and are taken in pure mode
+ * only: everything else takes the generic calls.
  */
 #ifndef KVEST_REQROUTE_H
 #define KVEST_REQROUTE_H

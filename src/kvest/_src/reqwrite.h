@@ -291,12 +291,6 @@ static inline int kw_add_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObjec
     return rc;
 }
 
-/* kw_add_path's common case, taking no reference and running no Python code:
- * each owner read by a shortcut (a slot, or an instance-dict entry at its
- * hint) on its type's current route, the last name a slot holding an exact
- * int, delta a C integer, the sum in int64.  Returns 1 when the store is done
- * (a new int in the slot, the old one released: an exact int, whose release
- * runs nothing), 0 with nothing changed (kw_add_path then runs). */
 /* The quick paths' slot for the path's last name: req's path to its owner
  * read by shortcuts alone (a slot, or an instance-dict entry at its hint) on
  * each type's current route, the last name a slot read and written in place
@@ -305,7 +299,7 @@ static inline int kw_add_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObjec
  * code and takes no reference.  *owner, when not NULL, is the owner already
  * read (the walk is skipped), and is set to it. */
 KV_HOT PyObject **kw_quick_slot(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
-                                       PyObject **owner)
+                                PyObject **owner)
 {
 #if KV_PRIVATE
     PyObject *obj = *owner != NULL ? *owner : req, **slot;
@@ -339,6 +333,12 @@ KV_HOT PyObject **kw_quick_slot(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObj
 #endif
 }
 
+/* kw_add_path's common case, taking no reference and running no Python code:
+ * each owner read by a shortcut (a slot, or an instance-dict entry at its
+ * hint) on its type's current route, the last name a slot holding an exact
+ * int, delta a C integer, the sum in int64.  Returns 1 when the store is done
+ * (a new int in the slot, the old one released: an exact int, whose release
+ * runs nothing), 0 with nothing changed (kw_add_path then runs). */
 static inline int kw_add_path_quick(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
                                     const kw_delta *dl, PyObject **owner)
 {
