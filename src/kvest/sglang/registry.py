@@ -9,11 +9,22 @@ to what it is given, and the fingerprints a human has read and proven a kernel
 equal to (:class:`Accepted`).  The glue of kind ``k`` is
 ``kvest.sglang.glue.make_<k>``.
 
-The plugin, :func:`kvest.sglang.status`, the doctor, the stand-in modules the
-doctor and the tests load from SGLang's files, ``tools/sglang_patterns.py``,
-the tests' parametrisation and docs/sglang.md's table all read this module; a
-new hot spot is one :class:`HotSpot` here and its kernel.  States and the kinds
-of note are enums (:class:`State`, :class:`NoteKind`).
+A kind also names the kvest function that answers (:class:`Kernel`: its
+compiled home and its pure-Python twin), and what its code costs on each build
+against upstream's (:class:`Cost` per :class:`Build`), from which the plan
+decides, per build, whether to install it and from which batch size.  A hot
+spot names its rows in the benchmarks' tables (:class:`Bench`, the cache
+simulator's; :class:`Step`, the real-SGLang step benchmark's).
+
+The plugin, :func:`kvest.sglang.status`, the doctor and its parity run, the
+stand-in modules the doctor and the tests load from SGLang's files,
+``tools/sglang_patterns.py`` (which writes ``patterns.json``),
+``tools/cachegrind_hotspots.py``, ``kvest._bench.sglang_step``, the tests'
+parametrisation and docs/sglang.md's table all read this module.  A new hot
+spot is its records here, its kernel and the kernel's twin: a kind with no
+glue of its own in :mod:`kvest.sglang.glue` is answered by the generic one
+(tests/test_sglang_new_kind.py adds one so).  States and the kinds of note are
+enums (:class:`State`, :class:`NoteKind`).
 """
 
 from __future__ import annotations
