@@ -5,8 +5,9 @@ twin.  Everything else derives from the registry: the stand-in modules the
 doctor loads, the plan and its glue (the generic one,
 :func:`kvest.sglang.glue.make_kernel`), ``patch()`` and the plugin,
 :func:`kvest.sglang.status`, the doctor and its parity run, and the
-benchmark's tables (``tools/cachegrind_hotspots.py``).  ``patterns.json`` is
-``tools/sglang_patterns.py``'s output, made here by that tool from a wheel.
+benchmarks' tables (``tools/cachegrind_hotspots.py``,
+``kvest._bench.sglang_step``).  ``patterns.json`` is ``tools/sglang_patterns.py``'s
+output, made here by that tool from a wheel.
 
 Here the registry's records are added by ``monkeypatch``, and the kernel and
 its twin are two modules written to a temporary directory; SGLang's side is a
@@ -103,7 +104,8 @@ def new_kind(tmp_path, monkeypatch):
         "count_longer", (MODULE,), None, "count_longer",
         (registry.Use("count_longer", {"target": "longer", "requests": "requests",
                                        "page_size": "page_size"}),),
-        bench=(registry.Bench(LABEL, "`count_longer`", args=("reqs", "page_size")),))
+        bench=(registry.Bench(LABEL, "`count_longer`", args=("reqs", "page_size")),),
+        steps=(registry.Step(LABEL, ("reqs", "page_size")),))
     monkeypatch.setitem(registry.KINDS, kind.name, kind)  # type: ignore[index]
     monkeypatch.setitem(registry.HOTSPOTS, spot.name, spot)  # type: ignore[index]
     monkeypatch.setattr(monitor.STATE, "spots", dict(monitor.STATE.spots))
@@ -179,3 +181,15 @@ def test_a_new_kind_takes_the_registry_a_kernel_and_its_twin(new_kind, capsys, m
                              (arguments(LABEL, n) for n in (3, 300))]
     assert answers["kvest"] == answers["upstream"]
     assert kvest.sglang.status()["hotspots"]["count_longer"]["kernel"] >= 2
+
+    # The real-SGLang step benchmark's loop table: its row, called as the caller calls it.
+    from kvest._bench import sglang_step
+
+    spot, step = sglang_step._loop_rows()[LABEL]
+    assert spot is registry.HOTSPOTS["count_longer"]
+    with standin_tree(source), kvest.sglang.patch():
+        before = kvest.sglang.status()["hotspots"]["count_longer"]["kernel"]
+        reqs = [_Req(c) for c in (15, 16, 17, 40)]
+        values = {"reqs": reqs, "page_size": 16}.__getitem__
+        assert sglang_step.loop_call(spot, step, values, None, None)() == 2
+        assert kvest.sglang.status()["hotspots"]["count_longer"]["kernel"] == before + 1
