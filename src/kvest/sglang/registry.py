@@ -544,19 +544,6 @@ HOTSPOTS: Mapping[str, HotSpot] = {h.name: h for h in (
             "_new_tokens_required_next_decode_spec_v2",
             (Use("spec_v2_total", {"total": "total", "requests": "requests",
                                    "page_size": "page_size", "reserve": "reserve"}),)),
-    HotSpot("num_beam_member_rows", (BEAM_TAIL,), None, "num_beam_member_rows",
-            (Use("beam_rows", {"reqs": "reqs"}),),
-            bench=(Bench("num_beam_member_rows", "`num_beam_member_rows`", "beam_rows", passes=(
-                "left to upstream; kvest's kernel would take 2: pointers (check), objects",
-                "1: objects")),)),
-    # ("offset": the running row offset, set before the loop and changed only past
-    # its `continue`, which the kernel's answer -- no request in a beam group --
-    # proves the loop never reaches: skipping the loop leaves it as is.)
-    HotSpot("append_beam_tail", (BEAM_TAIL,), None, "append_beam_tail",
-            (Use("beam_tail_loop", {"owner": "batch", "offset": "t"}),),
-            bench=(Bench("append_beam_tail loop", "`append_beam_tail`'s loop", "beam_tail_loop",
-                         passes=("2: pointers (check), objects", "1: objects")),),
-            steps=(Step("append_beam_tail", ("batch",)),)),
     HotSpot("page_aligned_decode_alloc_lens", (ALLOC_SIZING,), None,
             "page_aligned_decode_alloc_lens",
             (Use("alloc_lens_loop", {"reqs": "reqs", "reserve": "reserve",
@@ -596,6 +583,19 @@ HOTSPOTS: Mapping[str, HotSpot] = {h.name: h for h in (
                              "left to upstream; kvest's writer would take 1: objects (a new "
                              "int each, stored with a dict lookup)",
                              "1: objects (a new int each)")),)),
+    HotSpot("num_beam_member_rows", (BEAM_TAIL,), None, "num_beam_member_rows",
+            (Use("beam_rows", {"reqs": "reqs"}),),
+            bench=(Bench("num_beam_member_rows", "`num_beam_member_rows`", "beam_rows", passes=(
+                "left to upstream; kvest's kernel would take 2: pointers (check), objects",
+                "1: objects")),)),
+    # ("offset": the running row offset, set before the loop and changed only past
+    # its `continue`, which the kernel's answer -- no request in a beam group --
+    # proves the loop never reaches: skipping the loop leaves it as is.)
+    HotSpot("append_beam_tail", (BEAM_TAIL,), None, "append_beam_tail",
+            (Use("beam_tail_loop", {"owner": "batch", "offset": "t"}),),
+            bench=(Bench("append_beam_tail loop", "`append_beam_tail`'s loop", "beam_tail_loop",
+                         passes=("2: pointers (check), objects", "1: objects")),),
+            steps=(Step("append_beam_tail", ("batch",)),)),
     HotSpot("eagle_prepare_for_decode", (EAGLE_UTILS,), None, "eagle_prepare_for_decode",
             (Use("batch_idx_loop", {"owner": "batch"}),)),
     HotSpot("alloc_for_spec_decode", (ALLOCATION,), None, "alloc_for_spec_decode",
