@@ -616,7 +616,7 @@ def make_kernel(pattern: Pattern, name: str, checked: dict[str, Any]) -> Callabl
     kind = KINDS[pattern.kind]
     if kind.writes or kind.function is None:
         raise LookupError(f"{kind.name}: a writer, or no kernel: it needs a glue of its own")
-    kernel, spot, below = kind.function.resolve(), monitor.spot(name), _below(pattern.kind)
+    kernel, below = kind.function.resolve(), _below(pattern.kind)
     reads = tuple(pattern.globals if kind.reads is None else kind.reads)
     expected = tuple(checked.get(g, getattr(builtins, g, _NOTHING)) for g in reads)
     count = len(kind.inputs)
@@ -626,15 +626,13 @@ def make_kernel(pattern: Pattern, name: str, checked: dict[str, Any]) -> Callabl
         if not _STATE.announced:
             _first_call()
         if sized is not None and type(args[sized]) in _SEQUENCES and len(args[sized]) < below:
-            return DECLINED  # too small to gain: upstream's (counted as upstream)
+            return HANDED  # too small to gain: upstream's (counted as upstream)
         if len(args) == count + len(expected) and all(
                 got is want for got, want in zip(args[count:], expected, strict=True)):
             try:
-                answer = kernel(*args[:count])
+                return kernel(*args[:count])
             except Exception:
                 pass
-            else:
-                return _answered(spot, answer)
-        return _declined(spot)
+        return DECLINED
 
     return _sized(kernel_glue, below) if sized is not None else kernel_glue
