@@ -1,5 +1,5 @@
 """The request-object writers against the loops they replace, on SGLang 0.5.23-shaped
-requests (``kvest._bench.requests.NestedReq``: 157 attributes, ``req.kv`` a slots dataclass).
+requests (``kvest.sglang.standins.NestedReq``: 157 attributes, ``req.kv`` a slots dataclass).
 
 A group is one loop at one batch size; its members are the loop as SGLang 0.5.23
 writes it (``loop``) and kvest's writer (``kvest``), each on its own identical batch.
@@ -15,7 +15,7 @@ import functools
 import pytest
 
 import kvest
-from kvest._bench.requests import NestedReq
+from kvest.sglang.standins import NestedReq
 
 SIZES = [1, 64, 1024, 4096]
 NESTED = (("kv", "kv_allocated_len"), ("kv", "kv_committed_len"))

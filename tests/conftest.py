@@ -31,6 +31,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 # statement would compare upstream with itself.  tests/test_sglang_handoff.py
 # checks the handoff itself.
 os.environ.setdefault("KVEST_SGLANG_HANDOFF", "0")
+# kvest's code installed as the default build installs it, on every build (the
+# public-API build leaves more to upstream, which would then be compared with
+# itself): what each build itself installs is tests/test_sglang_builds.py's.
+os.environ.setdefault("KVEST_SGLANG_DECIDE_AS", "default")
 
 
 def _variants() -> list[str]:

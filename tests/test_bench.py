@@ -5,6 +5,7 @@ package whose modules import one another without a cycle."""
 from __future__ import annotations
 
 import ast
+import types
 from importlib import resources
 from pathlib import Path
 
@@ -325,3 +326,48 @@ def test_cachegrind_markdown_is_one_row_a_hot_spot(monkeypatch):
     lines = tool.markdown(results).splitlines()
     assert lines[0].startswith("| hot spot, --no-handoff |")
     assert lines[2] == "| estimate | 1 | 500 → 200 |"
+
+
+def test_the_step_benchmarks_loops_are_the_registrys():
+    """The loop table's rows are the registry's Step rows, and every value a row
+    names is one the benchmark's world makes."""
+    from kvest.sglang.registry import HOTSPOTS
+
+    rows = [step for spot in HOTSPOTS.values() for step in spot.steps]
+    assert [step.label for step in rows] == sglang_step.LOOPS
+    assert sglang_step.SHUFFLED in sglang_step.LOOPS
+    world = types.SimpleNamespace(batch=None, reqs=[])
+    known = sglang_step._world_values(world, 4).names
+    for step in rows:
+        assert set(step.args) | {v for _, v in step.kwargs} <= known, step
+
+
+def test_a_loop_row_calls_its_hot_spot_as_its_caller_does(monkeypatch):
+    """A module function is looked up on every call where its caller finds it
+    (``via``, else its home), with the row's values; a method on the batch."""
+    import sys
+
+    from kvest.sglang.registry import HotSpot, Step, Use
+
+    home = types.ModuleType("kvest_test_home")
+    home.tally = lambda *a, **k: ("home", a, k)
+    monkeypatch.setitem(sys.modules, "kvest_test_home", home)
+    caller = types.ModuleType("kvest_test_caller")
+    caller.tally = lambda *a, **k: ([1, 2], [3, 4], 7)
+    monkeypatch.setitem(sys.modules, "kvest_test_caller", caller)
+    spot = HotSpot("tally", ("kvest_test_absent", "kvest_test_home"), None, "tally",
+                   (Use("decode_count", {}),))
+    values = {"batch": "B", "page_size": 16}.__getitem__
+    call = sglang_step.loop_call(spot, Step("x", ("batch",), (("p", "page_size"),)), values,
+                                 None, None)
+    assert call() == ("home", ("B",), {"p": 16})
+    home.tally = lambda *a, **k: "rebound"
+    assert call() == "rebound"  # looked up per call, as the plugin may rebind it
+    fake_torch = types.SimpleNamespace(int32="i32", tensor=lambda v, dtype, device: (v, dtype))
+    call = sglang_step.loop_call(spot, Step("y", via="kvest_test_caller", tensors=True),
+                                 values, None, fake_torch)
+    assert call() == (([1, 2], "i32"), ([3, 4], "i32"), 7)
+    batch = types.SimpleNamespace(tally=lambda *a: ("method", a))
+    method = HotSpot("tally", ("kvest_test_home",), "Batch", "tally", ())
+    assert sglang_step.loop_call(method, Step("z", ("page_size",)), values, batch, None)() == (
+        "method", (16,))

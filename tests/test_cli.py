@@ -372,7 +372,7 @@ def test_quick_sglang_runs_its_plan_with_a_count_per_cell(fake_workers, capsys):
     assert len(counted) == total == 24
     assert counted[0] == "[ 1/24] step, no spec, 1 request"
     assert counted[13] == "[14/24] step, EAGLE, 1024 requests"
-    assert counted[-1] == "[24/24] get_num_new_pages extend, 1024 requests"
+    assert counted[-1] == f"[24/24] {s.LOOPS[-1]}, 1024 requests"
     assert err.index(counted[0]) > next(i for i, line in enumerate(err) if "starting" in line)
     assert any(line.startswith("line events") for line in err)
 
@@ -386,7 +386,7 @@ def test_full_sglang_plan_is_unchanged(fake_workers, capsys):
     assert [(cell, n) for cell, n, *_ in pairs.cells] == s.plan().cells()
     assert len(pairs.cells) == 6 * 12
     out = capsys.readouterr()
-    assert "[72/72] get_num_new_pages extend, 4096 requests" in out.err
+    assert f"[72/72] {s.LOOPS[-1]}, 4096 requests" in out.err
     assert "3 pairs of processes" in out.out and "real sglang 0.0.test" in out.out
 
 

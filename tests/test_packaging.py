@@ -247,12 +247,10 @@ assert not loaded, loaded
 
 @pytest.mark.parametrize(("where", "names"), [
     ("_kernels.pyi", "ARRAY_FUNCTIONS"), ("_reqs.pyi", "REQ_FUNCTIONS"),
-    ("_writes.pyi", "WRITE_FUNCTIONS"), ("reference/_kernels.py", "ARRAY_FUNCTIONS"),
-    ("reference/_reqs.py", "REQ_FUNCTIONS"), ("reference/_writes.py", "WRITE_FUNCTIONS"),
-    ("reference/__init__.py", "FUNCTIONS"),
+    ("_writes.pyi", "WRITE_FUNCTIONS"),
 ])
-def test_every_module_all_is_the_names_list_written_out(where, names):
-    """The stubs and the twin's modules write ``__all__`` out, for type checkers;
+def test_every_stub_all_is_the_names_list_written_out(where, names):
+    """The stubs write ``__all__`` out, for type checkers (which run no code);
     each is exactly its list in kvest._names."""
     from kvest import _names
 
@@ -261,3 +259,36 @@ def test_every_module_all_is_the_names_list_written_out(where, names):
     (assign,) = [node for node in tree.body if isinstance(node, ast.Assign)
                  and any(getattr(t, "id", None) == "__all__" for t in node.targets)]
     assert sorted(ast.literal_eval(e) for e in assign.value.elts) == sorted(getattr(_names, names))
+
+
+@pytest.mark.parametrize(("module", "names"), [
+    ("kvest.reference._kernels", "ARRAY_FUNCTIONS"), ("kvest.reference._reqs", "REQ_FUNCTIONS"),
+    ("kvest.reference._writes", "WRITE_FUNCTIONS"), ("kvest.reference", "FUNCTIONS"),
+])
+def test_the_twins_all_is_the_names_list(module, names):
+    """The pure twin's modules take ``__all__`` from kvest._names (as the compiled
+    modules do), and define every name in it."""
+    import importlib
+
+    from kvest import _names
+
+    found = importlib.import_module(module)
+    assert list(found.__all__) == list(getattr(_names, names))
+    for name in found.__all__:
+        assert callable(getattr(found, name)), name
+
+
+def test_what_type_checkers_import_is_the_names_list():
+    """``kvest/__init__.py`` imports each public function from its compiled
+    module's stub under ``TYPE_CHECKING`` (type checkers run no code): exactly
+    kvest._names' list of that module."""
+    from kvest import _names
+
+    tree = ast.parse(resources.files("kvest").joinpath("__init__.py").read_text())
+    (block,) = [node for node in tree.body if isinstance(node, ast.If)
+                and getattr(node.test, "id", None) == "TYPE_CHECKING"]
+    imported = {node.module: sorted(a.name for a in node.names) for node in block.body
+                if isinstance(node, ast.ImportFrom)}
+    assert imported == {"kvest._kernels": sorted(_names.ARRAY_FUNCTIONS),
+                        "kvest._reqs": sorted(_names.REQ_FUNCTIONS),
+                        "kvest._writes": sorted(_names.WRITE_FUNCTIONS)}

@@ -21,6 +21,7 @@ from sglang_standins import OWNERS, Own
 import kvest
 from kvest.sglang import glue, monitor
 from kvest.sglang.patterns import by_kind
+from kvest.sglang.registry import KINDS
 
 if kvest.IMPLEMENTATION != "cython":
     pytest.skip("the compiled glue is the compiled build's", allow_module_level=True)
@@ -71,9 +72,7 @@ def _twins(kind, monkeypatch):
     pattern = by_kind(kind)[0]
     maker = getattr(glue, f"make_{kind}")
     compiled = maker(pattern, f"twins {kind} compiled", CHECKED)
-    real = {"decode_count": kvest.decode_new_tokens_from_reqs,
-            "spec_v2_total": kvest.spec_v2_new_tokens_from_reqs,
-            "beam_tail_loop": kvest.beam_groups_from_reqs}[kind]
+    real = KINDS[kind].function.resolve()  # the registry's kernel of the kind
     name = real.__name__
     monkeypatch.setattr(kvest, name, lambda *a, **k: real(*a, **k))
     python = maker(pattern, f"twins {kind} python", CHECKED)

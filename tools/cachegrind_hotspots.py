@@ -11,7 +11,7 @@ instructions and simulated D1/LL data misses per request, upstream against kvest
 Upstream's code is SGLang 0.5.23's own, taken from its files (an installed
 ``sglang`` distribution, or ``--wheel``; never imported) into
 :func:`kvest.sglang.upstream.standin_tree`.  Each hot spot is called as its
-caller calls it, on release-shaped requests (:class:`kvest._bench.requests.NestedReq`,
+caller calls it, on release-shaped requests (:class:`kvest.sglang.standins.NestedReq`,
 157 attributes, lengths in a slots ``req.kv``; ``decode_batch_idx`` set after
 ``__init__``), in a stand-in ``ScheduleBatch``:
 
@@ -69,6 +69,17 @@ from pathlib import Path
 from typing import Any
 
 CEILINGS = Path(__file__).with_name("cachegrind_ceilings.json")
+# The public-API build's (KVEST_PUBLIC_API_ONLY=1, every Python newer than 3.13):
+# its own gate, as its request kernels take several times the default's instructions.
+PUBLIC_API_CEILINGS = Path(__file__).with_name("cachegrind_ceilings_public_api.json")
+
+
+def ceilings_file() -> Path:
+    """The installed build's ceilings."""
+    from kvest.sglang import registry
+
+    public = registry.installed_build() is registry.Build.PUBLIC_API
+    return PUBLIC_API_CEILINGS if public else CEILINGS
 SLACK = 1.10
 SORT_SLACK = 1.25  # the shuffled selection's instructions (see _ceiling)
 MISS_SLACK = 0.75  # misses a request: the least room a miss ceiling leaves (see gate_check)
@@ -81,65 +92,22 @@ CACHE = ["--I1=32768,8,64", "--D1=32768,8,64", "--LL=8388608,16,64"]
 FLUSH_BYTES = 16 << 20  # twice LL
 WARM_ITERATIONS = 16384  # requests' worth of calls before any count (see worker())
 
-# name -> (what it is, how it is taken: "function" or "statement", the target's
-# spot, the pattern kind of the statement)
+
+
+def _rows() -> dict[str, tuple[str, Any]]:
+    """label -> (the hot spot's name, its Bench): every row the registry's hot
+    spots give (:class:`kvest.sglang.registry.Bench`), in the registry's order."""
+    from kvest.sglang.registry import HOTSPOTS
+
+    return {b.label: (spot.name, b) for spot in HOTSPOTS.values() for b in spot.bench}
+
+
+# label -> (what it is, "function" or "statement", the hot spot, the statement's kind)
 SPOTS: dict[str, tuple[str, str, str, str]] = {
-    "estimate": ("`new_tokens_required_next_decode()`", "function",
-                 "new_tokens_required_next_decode", ""),
-    "estimate, selection": ("`new_tokens_required_next_decode(selected)`, every request "
-                            "selected in a shuffled order", "function",
-                            "new_tokens_required_next_decode", ""),
-    "estimate, EAGLE": ("`new_tokens_required_next_decode()`, EAGLE (the spec-v2 loop)",
-                        "function", "new_tokens_required_next_decode", ""),
-    "check_decode_mem selection": ("`check_decode_mem`'s own list of the selected requests",
-                                   "statement", "check_decode_mem", "select_requests"),
-    "alloc lens": ("`page_aligned_decode_alloc_lens` (lists)", "function",
-                   "page_aligned_decode_alloc_lens", ""),
-    "alloc_for_decode_default loop": ("`alloc_for_decode_default`'s adding loop", "statement",
-                                      "alloc_for_decode_default", "add_lengths_loop"),
-    "prepare_for_decode loop": ("`prepare_for_decode`'s batch-index loop", "statement",
-                                "prepare_for_decode", "batch_idx_loop"),
-    "num_beam_member_rows": ("`num_beam_member_rows`", "function", "num_beam_member_rows",
-                             "beam_rows"),
-    "append_beam_tail loop": ("`append_beam_tail`'s loop", "statement", "append_beam_tail",
-                              "beam_tail_loop"),
-}
-# Passes over the batch each hot spot makes, read from src/kvest/sglang/glue.py,
-# src/kvest/_reqs.pyx, src/kvest/_src/addrorder.h and reqwrite.h, and from upstream's
-# code (n >= 2,048, the batch's list in creation order; "pointers" reads only a list's
-# array, "objects" reads or writes every request; below 2,048 requests kvest neither
-# checks the order, nor sorts, nor walks backward): (kvest, upstream).
-PASSES: dict[str, tuple[str, str]] = {
-    "estimate": ("3: pointers (address-order check), pointers (the list reversed), objects "
-                 "(count, last to first); then upstream's `num_beam_member_rows`: objects",
-                 "2: objects (count); objects (beam rows)"),
-    "estimate, selection": (
-        "12 -- 6 over the requests: upstream's comprehension (objects: incref); the count: "
-        "pointers (check), pointers (min/max), 4 pointers (2-digit radix sort: count, "
-        "scatter), objects (incref), objects (walk in address order), objects (decref); "
-        "upstream's beam rows (objects); the list freed (objects: decref)",
-        "4 -- 4 over the requests: the comprehension (objects: incref), objects (count), "
-        "objects (beam rows), the list freed (objects: decref)"),
-    "estimate, EAGLE": ("3: pointers (address-order check), pointers (the list reversed), "
-                        "objects (the spec-v2 rows, last to first)", "1: objects (the loop)"),
-    "check_decode_mem selection": (
-        "left to upstream; kvest's list would take 5 -- 3 over the requests: indices "
-        "unpacked into an argument tuple; itemgetter's tuple (objects: incref); `list()` of "
-        "it (objects: incref); the tuple freed (objects: decref); the argument tuple freed",
-        "1: the comprehension (objects: incref)"),
-    "alloc lens": ("8 -- 1 over the requests: 2 lists `[0] * n` (upstream's own lines); "
-                   "pointers (the list reversed); objects (the plan, last to first, into 2 "
-                   "arrays); 2 `tolist()` (2n new ints); 2 slice assignments",
-                   "3 -- 1 over the requests: 2 lists `[0] * n`; objects (n new ints for nxt)"),
-    "alloc_for_decode_default loop": ("1: objects (2 new ints each)",
-                                      "1: objects (2 new ints each)"),
-    "prepare_for_decode loop": ("left to upstream; kvest's writer would take 1: objects "
-                                "(a new int each, stored with a dict lookup)",
-                                "1: objects (a new int each)"),
-    "num_beam_member_rows": ("left to upstream; kvest's kernel would take 2: pointers "
-                             "(check), objects", "1: objects"),
-    "append_beam_tail loop": ("2: pointers (check), objects", "1: objects"),
-}
+    label: (b.what, "statement" if b.kind else "function", spot, b.kind)
+    for label, (spot, b) in _rows().items()}
+# label -> the passes over the batch (kvest, upstream): the registry's Bench.passes
+PASSES: dict[str, tuple[str, str]] = {label: b.passes for label, (_, b) in _rows().items()}
 EVENTS = ("Ir", "D1", "LL")
 NO_HANDOFF = False  # --no-handoff: small batches on kvest's kernels too
 # Where the batch's requests lie decides how many passes kvest's address-order
@@ -180,9 +148,13 @@ def hot_spots(side: str, names: list[str], sizes: list[int], root: str, version:
     import random
 
     import kvest.sglang
-    from kvest._bench.requests import NestedReq
-    from kvest.sglang import parity, upstream
+    from kvest.sglang import parity, registry, upstream
+    from kvest.sglang.standins import NestedReq
 
+    # kvest's code as the default build installs it, on every build: the builds'
+    # counts are of the same code (each build's own choice is the registry's Cost)
+    registry.DECIDING = registry.Build.DEFAULT
+    rows = _rows()
     source = upstream.SourceTree(root, version)
     with upstream.standin_tree(source) as tree:
         handle = kvest.sglang.patch()
@@ -191,7 +163,7 @@ def hot_spots(side: str, names: list[str], sizes: list[int], root: str, version:
             calls: dict[str, tuple[Any, tuple[str, ...]]] = {}
             for name in names:
                 _, how, spot, kind = SPOTS[name]
-                if how == "function" and (spot in targets or not kind):
+                if how == "function":
                     target = targets[spot]
                     fn = target.new if side == "kvest" else target.original
                     calls[name] = (fn, ())
@@ -219,20 +191,23 @@ def hot_spots(side: str, names: list[str], sizes: list[int], root: str, version:
 
             def arguments(name: str, n: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
                 batch, reqs, picked, eagle = worlds[n]
-                if name == "estimate":
-                    return (batch,), {}
-                if name == "estimate, EAGLE":
-                    return (eagle,), {}
-                if name == "estimate, selection":
-                    return (batch, picked), {}
-                if name == "alloc lens":
-                    return (reqs,), {"reserve": RESERVE, "page_size": PAGE_SIZE}
-                if name == "num_beam_member_rows" and not calls[name][1]:
-                    return (reqs,), {}
-                values = {"self": batch, "batch": batch, "selected_indices": picked,
-                          "reqs": reqs, "token_per_req": 1, "t": 0}
+                # (each made only where a call takes it: what else the worker
+                # allocates moves where the requests' new ints land, and so the
+                # misses counted)
+                values = {"self": lambda: batch, "batch": lambda: batch,
+                          "eagle": lambda: eagle, "picked": lambda: picked,
+                          "selected_indices": lambda: picked, "reqs": lambda: reqs,
+                          "token_per_req": lambda: 1, "t": lambda: 0,
+                          "reserve": lambda: RESERVE, "page_size": lambda: PAGE_SIZE,
+                          # (each request's own length: max() keeps the same int,
+                          # so the batch is the same for every row after it)
+                          "nxt_kv_lens_list": lambda: [r.kv.kv_allocated_len for r in reqs]}
+                bench = rows[name][1]
+                if not bench.kind:  # a whole function, as its caller calls it
+                    return (tuple(values[a]() for a in bench.args),
+                            {k: values[k]() for k in bench.kwargs})
                 lists = ("entries", "tails", "tails_cpu", "leader_idx", "widths")
-                return tuple(values.get(p, [] if p in lists else None)
+                return tuple(values[p]() if p in values else [] if p in lists else None
                              for p in calls[name][1]), {}
 
             yield {name: fn for name, (fn, _) in calls.items()}, arguments
@@ -538,10 +513,10 @@ def gate_check(dumps: dict[str, dict[str, int]], update: bool) -> int:
         # heap lies moves a few-miss count by a few tenths from place to place
         # (another path, another environment), and a new pass over the requests
         # themselves costs about one miss a request more.
-        CEILINGS.write_text(json.dumps(
+        ceilings_file().write_text(json.dumps(
             {k: round(_ceiling(k, v), 2) for k, v in measured.items()}, indent=2) + "\n")
-        print(f"ceilings written to {CEILINGS}")
-    ceilings = json.loads(CEILINGS.read_text())
+        print(f"ceilings written to {ceilings_file()}")
+    ceilings = json.loads(ceilings_file().read_text())
     failed = False
     print(f"{'case':58} {'per request':>12} {'ceiling':>9}")
     for key, value in measured.items():

@@ -78,7 +78,7 @@ OBJECT_CASES = [(fn, shape, layout) for fn in ("spec_v2", "decode")
 
 OBJECT_PROGRAM = """
 import kvest
-from kvest._bench.requests import {shape} as Req
+from kvest.sglang.standins import {shape} as Req
 reqs = [Req(c, c + 7) for c in range(1000, 1000 + {rows})]
 START()
 for _ in range({calls}):

@@ -1,5 +1,7 @@
-"""kvest's public function names: the one list that the package namespace, the
-compiled modules and their pure-Python twins all take their ``__all__`` from."""
+"""kvest's public function names: the one list.  The compiled modules and their
+pure-Python twins take their ``__all__`` from it; the stubs and the package's
+``__init__`` write it out for type checkers (which run no code), and
+tests/test_packaging.py holds each of those equal to it."""
 
 from __future__ import annotations
 

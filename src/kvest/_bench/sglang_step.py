@@ -69,9 +69,17 @@ SPEC = dict(speculative_algorithm="EAGLE", speculative_num_steps=3,
 RETRACTIONS = 8
 STEPS = ["step, no spec", "step, EAGLE", f"retract k={RETRACTIONS}"]
 SHUFFLED = "estimate spec, shuffled selection"
-LOOPS = ["estimate no-spec", "estimate spec", SHUFFLED, "append_beam_tail",
-         "alloc_for_decode_default", "alloc lens + 2 int32 tensors", "alloc_for_spec_decode",
-         "get_num_new_pages decode", "get_num_new_pages extend"]
+
+
+def _loop_rows() -> dict[str, tuple[Any, Any]]:
+    """label -> (hot spot, its Step): every loop row of the registry's hot spots
+    (:class:`kvest.sglang.registry.Step`), in the registry's order."""
+    from kvest.sglang.registry import HOTSPOTS
+
+    return {step.label: (spot, step) for spot in HOTSPOTS.values() for step in spot.steps}
+
+
+LOOPS = list(_loop_rows())
 HOT_SPOTS = STEPS + LOOPS
 LINE_SIZES = (64, 512)
 LINE_STEPS = ("step, no spec", "step, EAGLE")
@@ -201,9 +209,9 @@ class Cells:
             self.override.restore()
         self.key = (name, n)
         _FREE_ANSWERS.clear()
-        spec = name in ("step, EAGLE", f"retract k={RETRACTIONS}", "estimate spec", SHUFFLED,
-                        "alloc lens + 2 int32 tensors", "alloc_for_spec_decode",
-                        "get_num_new_pages extend")
+        row = _loop_rows().get(name)
+        spec = name in ("step, EAGLE", f"retract k={RETRACTIONS}") or (
+            row is not None and row[1].spec)
         algorithm = "EAGLE" if spec else None
         self.override = w.context(algorithm, PAGE_SIZE)
         self.override.install()
@@ -221,54 +229,13 @@ class Cells:
             self.outcome = lambda result: [result, holder["world"].state()]
             return
         world = w.World(n, PAGE_SIZE, algorithm)
-        s = w.sg()
-        torch, batch, reqs = s.torch, world.batch, world.reqs
         self.arm = world.restore
         self.outcome = lambda result: [_plain(result), world.state()]
-        if name in ("step, no spec", "step, EAGLE"):
+        if row is None:  # a step: "step, no spec" or "step, EAGLE"
             self.call = world.step
-        elif name == SHUFFLED:
-            # As the retract loop asks (check_decode_mem(selected_indices)): its
-            # indices come in retraction order, as good as shuffled.
-            picked = list(range(n))
-            random.Random(n).shuffle(picked)
-            self.call = lambda: batch.new_tokens_required_next_decode(picked)
-        elif name.startswith("estimate"):
-            self.call = lambda: batch.new_tokens_required_next_decode()  # looked up per call
-        elif name == "append_beam_tail":
-            # As prepare_for_decode calls it (no request in a beam group).
-            self.call = lambda: s.batch_tail.append_beam_tail(batch)
-        elif name == "alloc_for_decode_default":
-            self.call = lambda: s.allocation.alloc_for_decode_default(batch, 1)
-        elif name == "alloc lens + 2 int32 tensors":
-            reserve = s.sizing.get_alloc_reserve_per_decode()
-
-            def lens() -> Any:
-                # As eagle_prepare_for_decode calls it (its own binding of the name).
-                cur, nxt, need = s.eagle.page_aligned_decode_alloc_lens(
-                    reqs, reserve=reserve, page_size=PAGE_SIZE)
-                return (torch.tensor(cur, dtype=torch.int32, device="cpu"),
-                        torch.tensor(nxt, dtype=torch.int32, device="cpu"), need)
-
-            self.call = lens
-        else:
-            reserve = s.sizing.get_alloc_reserve_per_decode()
-            cur, nxt, need = s.sizing.page_aligned_decode_alloc_lens(
-                reqs, reserve=reserve, page_size=PAGE_SIZE)
-            cur_t = torch.tensor(cur, dtype=torch.int32)
-            nxt_t = torch.tensor(nxt, dtype=torch.int32)
-            if name == "alloc_for_spec_decode":
-                self.call = lambda: s.allocation.alloc_for_spec_decode(
-                    world.cache, world.pool, reqs=reqs, req_pool_indices=batch.req_pool_indices,
-                    cur_kv_lens=cur_t, cur_kv_lens_cpu=cur_t, nxt_kv_lens=nxt_t,
-                    nxt_kv_lens_cpu=nxt_t, num_needed_tokens=need, batch=batch)
-            elif name == "get_num_new_pages decode":
-                seq = batch.seq_lens_cpu + 1
-                self.call = lambda: s.common.get_num_new_pages(
-                    seq_lens=seq, page_size=PAGE_SIZE, decode=True)
-            else:
-                self.call = lambda: s.common.get_num_new_pages(
-                    seq_lens=nxt_t, page_size=PAGE_SIZE, prefix_lens=cur_t)
+            return
+        spot, step = row
+        self.call = loop_call(spot, step, _world_values(world, n), world.batch, w.sg().torch)
 
     def sample(self, number: int) -> float:
         """Seconds per call, over ``number`` calls each from the same state."""
@@ -308,6 +275,83 @@ class Cells:
         finally:
             sys.settrace(None)
         return count
+
+
+def _world_values(world: Any, n: int) -> Callable[[str], Any]:
+    """The values a loop row's call names (:class:`kvest.sglang.registry.Step`),
+    each made once, when first asked for."""
+    batch, reqs = world.batch, world.reqs
+    made: dict[str, Any] = {}
+
+    def sg() -> Any:
+        from kvest._bench import sglang_world as w
+
+        return w.sg()
+
+    def lens() -> tuple[Any, Any, Any]:
+        s = sg()
+        reserve = s.sizing.get_alloc_reserve_per_decode()
+        cur, nxt, need = s.sizing.page_aligned_decode_alloc_lens(
+            reqs, reserve=reserve, page_size=PAGE_SIZE)
+        torch = s.torch
+        return torch.tensor(cur, dtype=torch.int32), torch.tensor(nxt, dtype=torch.int32), need
+
+    def picked() -> list[int]:
+        # As the retract loop asks (check_decode_mem(selected_indices)): its
+        # indices come in retraction order, as good as shuffled.
+        order = list(range(n))
+        random.Random(n).shuffle(order)
+        return order
+
+    makers: dict[str, Callable[[], Any]] = {
+        "batch": lambda: batch, "reqs": lambda: reqs, "picked": picked,
+        "token_per_req": lambda: 1, "page_size": lambda: PAGE_SIZE, "true": lambda: True,
+        "reserve": lambda: sg().sizing.get_alloc_reserve_per_decode(),
+        "cache": lambda: world.cache, "pool": lambda: world.pool,
+        "req_pool_indices": lambda: batch.req_pool_indices,
+        "cur": lambda: value("lens")[0], "nxt": lambda: value("lens")[1],
+        "need": lambda: value("lens")[2], "lens": lens,
+        "next_seq_lens": lambda: batch.seq_lens_cpu + 1,
+    }
+
+    def value(name: str) -> Any:
+        if name not in made:
+            made[name] = makers[name]()
+        return made[name]
+
+    value.names = frozenset(makers)  # type: ignore[attr-defined]
+    return value
+
+
+def loop_call(spot: Any, step: Any, value: Callable[[str], Any], batch: Any, torch: Any
+              ) -> Callable[[], Any]:
+    """One loop row's call, as its caller makes it: the hot spot looked up at
+    every call where its caller finds it (a method on the batch; the binding in
+    ``step.via``, else in the first of the hot spot's modules that defines it),
+    with the world's values the row names; with ``step.tensors``, the first two
+    results made int32 tensors."""
+    args = tuple(value(a) for a in step.args)
+    kwargs = {k: value(v) for k, v in step.kwargs}
+    if spot.cls is not None:
+        attr = spot.attr
+
+        def method() -> Any:
+            return getattr(batch, attr)(*args, **kwargs)  # looked up per call
+
+        return method
+    homes = (step.via,) if step.via else spot.modules
+    module = next(sys.modules[m] for m in homes
+                  if m in sys.modules and spot.attr in vars(sys.modules[m]))
+    attr = spot.attr
+    if not step.tensors:
+        return lambda: getattr(module, attr)(*args, **kwargs)
+
+    def with_tensors() -> Any:
+        cur, nxt, need = getattr(module, attr)(*args, **kwargs)
+        return (torch.tensor(cur, dtype=torch.int32, device="cpu"),
+                torch.tensor(nxt, dtype=torch.int32, device="cpu"), need)
+
+    return with_tensors
 
 
 def _plain(value: Any) -> Any:

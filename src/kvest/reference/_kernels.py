@@ -35,17 +35,10 @@ from kvest._inputs import (
     out_pair,
     result_int64,
 )
+from kvest._names import ARRAY_FUNCTIONS
 from kvest._types import AllocPlan
 
-__all__ = [
-    "alloc_len_per_decode",
-    "alloc_reserve_per_decode",
-    "decode_alloc_plan",
-    "decode_new_tokens",
-    "num_new_pages",
-    "spec_v1_new_tokens",
-    "spec_v2_new_tokens",
-]  # == kvest._names.ARRAY_FUNCTIONS (tested)
+__all__ = list(ARRAY_FUNCTIONS)  # kvest._names: the one list
 
 
 def ceil_div(x: int, p: int) -> int:

@@ -37,16 +37,11 @@ from kvest._inputs import (
     reqs_read_error,
     result_int64,
 )
+from kvest._names import REQ_FUNCTIONS
 from kvest._types import AllocPlan
 from kvest.reference import _pure
 
-__all__ = [
-    "beam_groups_from_reqs",
-    "beam_member_rows_from_reqs",
-    "decode_alloc_plan_from_reqs",
-    "decode_new_tokens_from_reqs",
-    "spec_v2_new_tokens_from_reqs",
-]  # == kvest._names.REQ_FUNCTIONS (tested)
+__all__ = list(REQ_FUNCTIONS)  # kvest._names: the one list
 
 
 def _ceil_align(x: int, p: int) -> int:

@@ -17,12 +17,10 @@ from typing import Any
 
 from kvest._errors import impure_argument, impure_request
 from kvest._inputs import as_flag, pure_reqs, pure_values
+from kvest._names import WRITE_FUNCTIONS
 from kvest.reference import _pure
 
-__all__ = [
-    "add_to_attrs",
-    "max_into_attr",
-]  # == kvest._names.WRITE_FUNCTIONS (tested)
+__all__ = list(WRITE_FUNCTIONS)  # kvest._names: the one list
 
 
 def _names(path: Any, what: str) -> tuple[str, ...]:

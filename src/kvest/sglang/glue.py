@@ -601,3 +601,38 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
         return original(reqs, reserve=reserve, page_size=page_size)
 
     return page_aligned_decode_alloc_lens
+
+
+# ------------------------------------------------------------------ any other kind
+
+def make_kernel(pattern: Pattern, name: str, checked: dict[str, Any]) -> Callable[..., Any]:
+    """The glue of a kind with no ``make_<kind>`` of its own: a reader whose
+    registry :class:`~kvest.sglang.registry.Kind` names its ``function``.  The
+    function is called with the statement's inputs, in the kind's order, and
+    answers what the statement binds (or returns); it raises where it cannot
+    answer exactly as the statement would, and upstream's statement then runs.
+    Every global name the statement reads must still be the builtin or the
+    helper kvest checked when it planned."""
+    kind = KINDS[pattern.kind]
+    if kind.writes or kind.function is None:
+        raise LookupError(f"{kind.name}: a writer, or no kernel: it needs a glue of its own")
+    kernel, below = kind.function.resolve(), _below(pattern.kind)
+    reads = tuple(pattern.globals if kind.reads is None else kind.reads)
+    expected = tuple(checked.get(g, getattr(builtins, g, _NOTHING)) for g in reads)
+    count = len(kind.inputs)
+    sized = kind.inputs.index(kind.sized) if kind.sized in kind.inputs else None
+
+    def kernel_glue(*args: Any) -> Any:
+        if not _STATE.announced:
+            _first_call()
+        if sized is not None and type(args[sized]) in _SEQUENCES and len(args[sized]) < below:
+            return HANDED  # too small to gain: upstream's (counted as upstream)
+        if len(args) == count + len(expected) and all(
+                got is want for got, want in zip(args[count:], expected, strict=True)):
+            try:
+                return kernel(*args[:count])
+            except Exception:
+                pass
+        return DECLINED
+
+    return _sized(kernel_glue, below) if sized is not None else kernel_glue

@@ -228,7 +228,7 @@ def _checked(fn: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], str | Non
 
 def make_swap(found: rewrite.Found, spot: str, checked: dict[str, Any]) -> rewrite.Swap:
     """The swap of one found statement: its kind's glue, counting into ``spot``."""
-    maker = getattr(glue, f"make_{found.pattern.kind}")
+    maker = getattr(glue, f"make_{found.pattern.kind}", glue.make_kernel)
     return rewrite.Swap(found, maker(found.pattern, spot, checked))
 
 
@@ -248,6 +248,9 @@ def _plan_one(spot: HotSpot, fn: Any, entry: monitor.Spot
         return None, analysis, []
     entry.state = State.LEFT_ALONE  # unless something is compiled below
     found = analysis.found[0]
+    if found.pattern.whole and _slower(entry, found):
+        entry.state = State.SKIPPED
+        return None, analysis, []
     if found.pattern.whole:  # the whole function is the pattern: kvest's own version
         torch = fn.__globals__.get("torch")
         tensor = getattr(torch, "Tensor", None)
@@ -259,10 +262,7 @@ def _plan_one(spot: HotSpot, fn: Any, entry: monitor.Spot
         return glue.make_num_new_pages(fn, found.pattern, tensor, spot.name), analysis, []
     swaps = []
     for found in analysis.found:
-        slower = KINDS[found.pattern.kind].upstream_faster
-        if slower:
-            note(entry, NoteKind.SLOWER, f"line {found.stmt.lineno} ({found.pattern.id}): "
-                                         f"{slower}; left to upstream")
+        if _slower(entry, found):
             continue
         checked, why = _checked(fn, found.pattern.globals)
         if why is not None:
@@ -275,6 +275,17 @@ def _plan_one(spot: HotSpot, fn: Any, entry: monitor.Spot
             entry.state = State.SKIPPED
         return None, analysis, []
     return rewrite.rebuild(analysis, swaps, counter=entry), analysis, swaps
+
+
+def _slower(entry: monitor.Spot, found: rewrite.Found) -> bool:
+    """Whether upstream's code of the found kind is faster on this build (the
+    registry's figures for it, :meth:`~kvest.sglang.registry.Kind.slower`): then
+    it is left to upstream, and the note says why, with the numbers."""
+    slower = KINDS[found.pattern.kind].upstream_faster
+    if slower:
+        where = f"line {found.stmt.lineno} " if not found.pattern.whole else ""
+        note(entry, NoteKind.SLOWER, f"{where}({found.pattern.id}): {slower}; left to upstream")
+    return bool(slower)
 
 
 def _plan_int32_callers(result: Plan, spot: HotSpot, alloc: types.ModuleType, fn: Any,
@@ -291,6 +302,8 @@ def _plan_int32_callers(result: Plan, spot: HotSpot, alloc: types.ModuleType, fn
             note(entry, NoteKind.CALLERS, f"no int32 arrays for its callers: {n.text}")
         return
     pattern = whole.found[0].pattern
+    if _slower(entry, whole.found[0]):
+        return
     for mod_name, mod in sorted(sys.modules.items()):
         if mod is alloc or not isinstance(mod, types.ModuleType):
             continue

@@ -12,7 +12,7 @@ Two levels, both driven by what :func:`kvest.sglang.hotspots.plan` replaced:
 - **Functions** (the estimate end to end, the spec-v2 method, the whole-function
   replacements): upstream's function against kvest's on the same batch.
 
-Requests are shaped like the release's (``kvest._bench.requests``), sometimes
+Requests are shaped like the release's (:mod:`kvest.sglang.standins`), sometimes
 with a corrupt (negative) length, so that the declines are exercised too.
 """
 
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from kvest._bench.requests import FlatReq, MixedReq, NestedReq
 from kvest.sglang import fingerprint, monitor, rewrite, upstream
 from kvest.sglang.registry import COMMON, EAGLE_UTILS, HOTSPOTS, KINDS
+from kvest.sglang.standins import FlatReq, MixedReq, NestedReq
 
 __all__ = ["BeamGroup", "Unpatched", "request_maker", "self_test", "statement_pair"]
 

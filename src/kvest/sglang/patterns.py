@@ -100,7 +100,7 @@ def _releases(found: list[str]) -> str:
 def table() -> str:
     """docs/sglang.md's pattern table, made from the registry and ``patterns.json``
     (``tests/test_sglang_matching.py`` checks the page holds it as made here)."""
-    from kvest.sglang.registry import HELPERS, HOTSPOTS
+    from kvest.sglang.registry import HELPERS, HOTSPOTS, Build
 
     rows = ["| hot spot (function) | kind | patterns (releases) | kernel |",
             "| --- | --- | --- | --- |"]
@@ -111,8 +111,12 @@ def table() -> str:
             seen = ", ".join(f"`{p.id}` ({_releases(list(p.releases))})" for p in found)
             where = f"`{spot.qualname}`" + (" in its callers" if use in spot.forms else "")
             kernel = kind.kernel or "checked, never replaced"
-            if kind.upstream_faster:
+            slower = [str(build) for build in Build if kind.slower(build)]
+            if len(slower) == len(Build):
                 kernel += " -- left to upstream, whose code is faster (docs/benchmarks.md)"
+            elif slower:
+                kernel += (f" -- left to upstream on the {', '.join(slower)} build, whose code "
+                           "is faster there (docs/benchmarks.md)")
             rows.append(f"| {where} | `{kind.name}`: {kind.summary} | {seen or 'none yet'} "
                         f"| {kernel} |")
     return "\n".join(rows)

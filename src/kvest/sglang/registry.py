@@ -9,11 +9,22 @@ to what it is given, and the fingerprints a human has read and proven a kernel
 equal to (:class:`Accepted`).  The glue of kind ``k`` is
 ``kvest.sglang.glue.make_<k>``.
 
-The plugin, :func:`kvest.sglang.status`, the doctor, the stand-in modules the
-doctor and the tests load from SGLang's files, ``tools/sglang_patterns.py``,
-the tests' parametrisation and docs/sglang.md's table all read this module; a
-new hot spot is one :class:`HotSpot` here and its kernel.  States and the kinds
-of note are enums (:class:`State`, :class:`NoteKind`).
+A kind also names the kvest function that answers (:class:`Kernel`: its
+compiled home and its pure-Python twin), and what its code costs on each build
+against upstream's (:class:`Cost` per :class:`Build`), from which the plan
+decides, per build, whether to install it and from which batch size.  A hot
+spot names its rows in the benchmarks' tables (:class:`Bench`, the cache
+simulator's; :class:`Step`, the real-SGLang step benchmark's).
+
+The plugin, :func:`kvest.sglang.status`, the doctor and its parity run, the
+stand-in modules the doctor and the tests load from SGLang's files,
+``tools/sglang_patterns.py`` (which writes ``patterns.json``),
+``tools/cachegrind_hotspots.py``, ``kvest._bench.sglang_step``, the tests'
+parametrisation and docs/sglang.md's table all read this module.  A new hot
+spot is its records here, its kernel and the kernel's twin: a kind with no
+glue of its own in :mod:`kvest.sglang.glue` is answered by the generic one
+(tests/test_sglang_new_kind.py adds one so).  States and the kinds of note are
+enums (:class:`State`, :class:`NoteKind`).
 """
 
 from __future__ import annotations
@@ -21,20 +32,27 @@ from __future__ import annotations
 import ast
 import enum
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 __all__ = [
     "HELPERS",
     "HOTSPOTS",
     "KINDS",
     "Accepted",
+    "Bench",
+    "Build",
+    "Cost",
     "HotSpot",
+    "Kernel",
     "Kind",
     "Note",
     "NoteKind",
     "State",
+    "Step",
     "Use",
+    "deciding_build",
     "files",
+    "installed_build",
     "module_file",
 ]
 
@@ -149,6 +167,81 @@ class Accepted(NamedTuple):
     reserve: str | None = None  # upstream's name of the reserve variable, if not "reserve"
 
 
+class Build(enum.Enum):
+    """A build of kvest's request kernels: what decides how many instructions
+    they take, and so whether a kind is worth installing (:class:`Cost`)."""
+
+    DEFAULT = "default"  # CPython's private internals, fenced (3.10-3.13)
+    PUBLIC_API = "public API"  # KVEST_PUBLIC_API_ONLY=1, and every Python newer than 3.13
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def installed_build() -> Build:
+    """The build installed here (``kvest._reqs._PUBLIC_API_ONLY``); the pure-Python
+    twin, a test implementation, is decided as the default build."""
+    import kvest
+
+    if kvest.IMPLEMENTATION == "cython":
+        from kvest import _reqs
+
+        if getattr(_reqs, "_PUBLIC_API_ONLY", False):
+            return Build.PUBLIC_API
+    return Build.DEFAULT
+
+
+# The build whose figures decide what is installed: None, as DECIDE_AS_ENV says,
+# else the installed one.  (tools/cachegrind_hotspots.py measures kvest's code as
+# the default build installs it, on every build, so that builds are compared on
+# the same code; the test suite checks kvest's code on every build the same way,
+# and tests/test_sglang_builds.py each build's own decisions.)
+DECIDING: Build | None = None
+DECIDE_AS_ENV = "KVEST_SGLANG_DECIDE_AS"  # "default" or "public API": for measuring
+
+
+def deciding_build() -> Build:
+    """The build whose figures decide (:data:`DECIDING`)."""
+    if DECIDING is not None:
+        return DECIDING
+    import os
+
+    wanted = os.environ.get(DECIDE_AS_ENV, "").strip()
+    return next((b for b in Build if b.value == wanted), None) or installed_build()
+
+
+class Cost(NamedTuple):
+    """What tools/cachegrind_hotspots.py measured for a kind on one build
+    (``--no-handoff``, release-shaped requests): instructions a request at 4,096,
+    kvest's glue and kernel against upstream's statement, and the crossover."""
+
+    kvest: int
+    upstream: int
+    # the smallest batch measured (1, 2, 4, ..., 128, 256, 1,024, 4,096) from which
+    # kvest takes fewer instructions per call than upstream at every size measured;
+    # None: at none of them (then kvest leaves the kind to upstream on that build)
+    below: int | None = 0
+
+
+class Kernel(NamedTuple):
+    """The kvest function that answers for a kind: ``name`` in ``module`` where
+    the compiled kernels are served, in ``twin`` where the pure-Python twin is
+    (``kvest`` itself serves the public functions as either)."""
+
+    name: str
+    module: str = "kvest"
+    twin: str = "kvest"
+
+    def resolve(self) -> Callable[..., Any]:
+        """The function, looked up now (a test may have replaced it)."""
+        import importlib
+
+        import kvest
+
+        home = self.twin if kvest.IMPLEMENTATION == "python" else self.module
+        return getattr(importlib.import_module(home), self.name)  # type: ignore[no-any-return]
+
+
 class Kind(NamedTuple):
     """One kind of statement kvest compiles (or, ``select`` None, a whole function)."""
 
@@ -167,13 +260,15 @@ class Kind(NamedTuple):
     # code kvest has no kernel for, not edits
     older_shapes: bool = False
     paths: bool = False  # the glue is told the attribute paths the loop adds to
-    # why upstream's statement is faster than kvest's kernel (measured), if it is:
-    # then kvest leaves it to upstream at install, and says so
-    upstream_faster: str = ""
-    # batches of fewer requests go to upstream's statement: below this its code
-    # takes fewer instructions than kvest's glue and kernel (the crossover,
-    # tools/cachegrind_hotspots.py, docs/benchmarks.md); 0: never
-    upstream_below: int = 0
+    # what each build's code costs against upstream's (measured): where kvest
+    # is below upstream at no size measured, kvest leaves the kind to upstream
+    # on that build and says so; else batches below the crossover go to
+    # upstream's statement.  None: an array kernel's kind, whose code no build
+    # switch changes (tools/instructions.py gates it)
+    costs: Mapping[Build, Cost] | None = None
+    # how the note names each side's code ("kvest's kernel", "the loop's")
+    ours: str = "kernel"
+    theirs: str = "loop's"
     # the input role holding the requests' list (``owner``: its ``.reqs``): the
     # rewritten function checks its size itself, before any call (rewrite.py)
     sized: str | None = None
@@ -181,72 +276,119 @@ class Kind(NamedTuple):
     # this batch it answers upstream's lists (kvest's arrays cost its caller
     # more there; glue.make_alloc_lens_int32); 0: never
     lists_below: int = 0
+    # the kvest function that answers; a kind with no glue of its own in
+    # kvest.sglang.glue is answered by the generic glue (glue.make_kernel),
+    # which calls it with the inputs
+    function: Kernel | None = None
 
     @property
     def whole(self) -> bool:
         return self.select is None
+
+    def slower(self, build: Build) -> str:
+        """Why kvest leaves the kind to upstream on ``build`` ("" where it does not)."""
+        cost = (self.costs or {}).get(build)
+        if cost is None or cost.below is not None:
+            return ""
+        return (f"upstream's code is faster on this build ({build}): kvest's {self.ours} "
+                f"takes {cost.kvest:,} instructions a request against the {self.theirs} "
+                f"{cost.upstream:,}")
+
+    def below(self, build: Build) -> int:
+        """The batch size from which kvest's kernel answers on ``build`` (0: every size)."""
+        cost = (self.costs or {}).get(build)
+        return cost.below or 0 if cost is not None else 0
+
+    @property
+    def upstream_faster(self) -> str:
+        """:meth:`slower` on the deciding build (the installed one)."""
+        return self.slower(deciding_build())
+
+    @property
+    def upstream_below(self) -> int:
+        """:meth:`below` on the deciding build (the installed one)."""
+        return self.below(deciding_build())
 
 
 def _kinds(*kinds: Kind) -> dict[str, Kind]:
     return {k.name: k for k in kinds}
 
 
-# A writer that makes a new int for every write, as CPython's `+=` does, against
-# CPython 3.11's specialised attribute stores (tools/cachegrind_hotspots.py, 4,096
-# release-shaped requests, instructions a request).
-_NEW_INTS = ("upstream's loop is faster: kvest's writer, making a new int for every write as "
-             "CPython does, takes {} instructions a request against the loop's {}")
-# Crossovers: the smallest batch measured (1, 2, 4, ..., 128, 256, 1,024, 4,096)
-# from which kvest's glue and kernel take fewer instructions per call than
-# upstream's code (tools/cachegrind_hotspots.py --no-handoff; docs/benchmarks.md).
-# 0: kvest takes fewer from one request on (the glue compiled, kvest._reqs).
-_CROSS_DECODE = 0  # the no-spec estimate
-_CROSS_SPEC_V2 = 0  # the EAGLE estimate
-_CROSS_BEAM_TAIL = 0  # append_beam_tail
-_CROSS_ALLOC_LENS = 8  # page_aligned_decode_alloc_lens
-_CROSS_ADD_LENGTHS = 16  # alloc_for_decode_default's adding loop
-_SLOWER = "upstream's code is faster: kvest's {} takes {} instructions a request against the {} {}"
+# What each kind's code costs on each build against upstream's (Cost): instructions
+# a request at 4,096 release-shaped requests, and the crossover, from
+#     python tools/cachegrind_hotspots.py --no-handoff --wheel sglang-0.5.23-...whl
+# run once on each build (kvest built with KVEST_PUBLIC_API_ONLY=1 for the public
+# API; docs/benchmarks.md).  Each is the hot spot's row in the tool's table: the
+# no-spec count's, its shuffled selection's where that is the worse (the selection
+# is what the retract loop counts); the writers make a new int for every write, as
+# CPython's `+=` does, against CPython 3.11's specialised attribute stores.
+_D, _P = Build.DEFAULT, Build.PUBLIC_API
+_WRITER = "writer, making a new int for every write as CPython does,"
+_COSTS: Mapping[str, Mapping[Build, Cost]] = {
+    "select_requests": {_D: Cost(385, 218, None), _P: Cost(385, 218, None)},
+    # (the public API's: its shuffled selection's; the whole batch's is 558 against
+    # 546 at 1,024, below upstream only from 4,096.  The default build's shuffled
+    # selection is below upstream up to 1,024, 799 against 757 at 4,096.)
+    "decode_count": {_D: Cost(250, 540, 0), _P: Cost(1_081, 757, None)},
+    "spec_v2_total": {_D: Cost(134, 5_490, 0), _P: Cost(631, 5_479, 2)},
+    "beam_rows": {_D: Cost(230, 137, None), _P: Cost(279, 137, None)},
+    # (the default build's glue is compiled, and answers at every size: a
+    # crossover would take the Python glue's, which costs more a call)
+    "beam_tail_loop": {_D: Cost(141, 427, 0), _P: Cost(187, 425, 32)},
+    "alloc_lens_loop": {_D: Cost(612, 3_248, 8), _P: Cost(1_089, 3_255, 16)},
+    # (the int32 form, not measured apart: the lists form's work less the lists;
+    # on the default build it answers from one request on, as the step benchmark's
+    # "alloc lens + 2 int32 tensors" shows)
+    "alloc_lens_function": {_D: Cost(612, 3_248, 0), _P: Cost(1_089, 3_255, 16)},
+    "add_lengths_loop": {_D: Cost(599, 783, 16), _P: Cost(1_926, 784, None)},
+    "max_allocated_loop": {_D: Cost(179, 1_624, 0), _P: Cost(1_107, 1_624, 0)},
+    "batch_idx_loop": {_D: Cost(778, 423, None), _P: Cost(1_053, 423, None)},
+}
 
 KINDS: Mapping[str, Kind] = _kinds(
     Kind("select_requests", "the list of selected requests", "`operator.itemgetter`",
          _selection, (Accepted("fca0c46ba1a5", "select_requests"),),
          inputs=("owner", "selected"), binds="target", older_shapes=True,
-         upstream_faster=_SLOWER.format("list (its indices checked to be exact ints, then "
-                                        "`operator.itemgetter`)", 385, "comprehension's", 218)),
+         costs=_COSTS["select_requests"], ours="list (its indices checked to be exact ints, "
+         "then `operator.itemgetter`)", theirs="comprehension's"),
     Kind("decode_count", "the count of requests whose committed length is on a page boundary",
          "`decode_new_tokens_from_reqs`", _assign_of_sum,
          (Accepted("df1187ec4fb9", "decode_count/flat", "flat"),
           Accepted("720dd25ff1a7", "decode_count/nested", "nested")),
-         inputs=("requests", "page_size"), binds="target", upstream_below=_CROSS_DECODE,
-         sized="requests"),
+         inputs=("requests", "page_size"), binds="target", costs=_COSTS["decode_count"],
+         sized="requests", function=Kernel("decode_new_tokens_from_reqs")),
     Kind("spec_v2_total", "the spec-v2 loop", "`spec_v2_new_tokens_from_reqs`", _is_for,
          (Accepted("a7767a028b04", "spec_v2_total/flat/2x", "flat", 2, "alloc_len"),
           Accepted("ac283f7fb881", "spec_v2_total/flat", "flat"),
           Accepted("b26520a658a2", "spec_v2_total/mixed", "mixed"),
           Accepted("5c9eaf01b495", "spec_v2_total/nested", "nested")),
          inputs=("total", "requests", "page_size", "reserve"), binds="total",
-         upstream_below=_CROSS_SPEC_V2, sized="requests"),
+         costs=_COSTS["spec_v2_total"], sized="requests",
+         function=Kernel("spec_v2_new_tokens_from_reqs")),
     Kind("beam_rows", "the member rows of the requests with a beam group",
          "`beam_member_rows_from_reqs`", _is_return, (Accepted("000952999d89", "beam_rows"),),
-         inputs=("reqs",), binds=None,
-         upstream_faster=_SLOWER.format("kernel", 227, "generator's", 137)),
+         inputs=("reqs",), binds=None, costs=_COSTS["beam_rows"], theirs="generator's",
+         function=Kernel("beam_member_rows_from_reqs")),
     Kind("beam_tail_loop", "the loop collecting the beam groups' member rows, skipped when "
          "no request is in a beam group", "`beam_groups_from_reqs`", _is_for,
          (Accepted("12869f036c9f", "beam_tail_loop"),),
          # reads only; but append_beam_tail extends the batch when a request is in a group
-         inputs=("owner",), reads=("enumerate",), writes=True, upstream_below=_CROSS_BEAM_TAIL,
-         sized="owner"),
+         inputs=("owner",), reads=("enumerate",), writes=True, costs=_COSTS["beam_tail_loop"],
+         sized="owner", function=Kernel("beam_groups_from_reqs")),
     Kind("alloc_lens_loop", "the loop filling `cur`, `nxt` and the total",
          "`decode_alloc_plan_from_reqs`, lists written whole", _is_for,
          (Accepted("41109038e55f", "alloc_lens_loop/nested", "nested"),),
          inputs=("reqs", "reserve", "page_size", "cur", "nxt", "total"), binds="total",
-         upstream_below=_CROSS_ALLOC_LENS, sized="reqs"),
+         costs=_COSTS["alloc_lens_loop"], sized="reqs",
+         function=Kernel("decode_alloc_plan_from_reqs")),
     Kind("alloc_lens_function", "the whole function, for callers that make int32 tensors of "
          "its lists", "the plan as int32 arrays", None,
          (Accepted("c7fcaae0bb6b", "alloc_lens_function/nested", "nested"),),
-         lists_below=_CROSS_ALLOC_LENS),
+         costs=_COSTS["alloc_lens_function"], lists_below=_COSTS["alloc_lens_loop"][_D].below or 0,
+         function=Kernel("decode_alloc_plan_from_reqs")),
     Kind("get_num_new_pages", "the whole function", "`num_new_pages` on `Tensor.numpy()`",
-         None, (Accepted("9bda6bd0efc8", "get_num_new_pages"),)),
+         None, (Accepted("9bda6bd0efc8", "get_num_new_pages"),),
+         function=Kernel("num_new_pages")),
     Kind("ceil_align", "the helper (checked, never replaced)", "", None,
          (Accepted("7b40dcca57e9", "ceil_align"),)),
     Kind("ceil_div", "the helper (checked, never replaced)", "", None,
@@ -255,10 +397,12 @@ KINDS: Mapping[str, Kind] = _kinds(
          _for_writing("kv_allocated_len", "kv_committed_len"),
          (Accepted("226feb6771b3", "add_lengths_loop/nested"),),
          inputs=("owner", "delta"), writes=True, older_shapes=True,
-         upstream_below=_CROSS_ADD_LENGTHS, sized="owner"),
+         costs=_COSTS["add_lengths_loop"], ours=_WRITER, sized="owner",
+         function=Kernel("add_to_attrs")),
     Kind("max_allocated_loop", "the allocated length raised to the plan's", "`max_into_attr`",
          _for_writing("kv_allocated_len"), (Accepted("52ea9dba3a67", "max_allocated_loop/nested"),),
-         inputs=("reqs", "values"), writes=True, older_shapes=True),
+         inputs=("reqs", "values"), writes=True, older_shapes=True,
+         costs=_COSTS["max_allocated_loop"], ours=_WRITER, function=Kernel("max_into_attr")),
     # `for req in <batch>.reqs: req.<path> += 1` for each path (written to patterns.json
     # from the statement, which the digest fixes): decode_batch_idx; then
     # kv_committed_len (flat2); then kv_allocated_len too (flat3)
@@ -268,7 +412,7 @@ KINDS: Mapping[str, Kind] = _kinds(
           Accepted("c8bf94dc0a90", "batch_idx_loop/flat2"),
           Accepted("5df113efbe18", "batch_idx_loop/flat3")),
          inputs=("owner",), writes=True, older_shapes=True, paths=True,
-         upstream_faster=_NEW_INTS.format(790, 423)),
+         costs=_COSTS["batch_idx_loop"], ours=_WRITER, function=Kernel("add_to_attrs")),
 )
 
 
@@ -290,6 +434,41 @@ class Use(NamedTuple):
     roles: Mapping[str, str]
 
 
+class Bench(NamedTuple):
+    """A row of the benchmarks' tables for a hot spot: how its caller calls it, on
+    release-shaped requests (``tools/cachegrind_hotspots.py``: ``label`` is the row
+    and its ceilings' key).  The world's values a call names: ``batch`` (a
+    stand-in ``ScheduleBatch``), ``eagle`` (the same with EAGLE on), ``reqs``,
+    ``picked`` (every request's index, shuffled, as the retract loop selects),
+    ``reserve`` and ``page_size``, and each upstream variable of a statement."""
+
+    label: str
+    what: str  # for the tables
+    kind: str = ""  # a statement measured alone ("": the whole function as installed)
+    args: tuple[str, ...] = ()  # what a whole function is passed, in order
+    kwargs: tuple[str, ...] = ()  # ... and by name
+    # the passes over the batch each side makes (kvest's, upstream's), for the tables
+    passes: tuple[str, str] = ("", "")
+
+
+class Step(NamedTuple):
+    """A row of the real-SGLang step benchmark's loop table for a hot spot
+    (``kvest._bench.sglang_step``): the hot spot called alone, as its caller
+    calls it, on real ``Req``/``ScheduleBatch`` objects.  The world's values a
+    call names: ``batch``, ``reqs``, ``picked`` (every request's index,
+    shuffled), ``token_per_req`` (1), ``reserve`` (the configuration's),
+    ``page_size``, ``cache`` and ``pool`` (the tree cache and the request pool),
+    ``req_pool_indices``, ``cur``/``nxt``/``need`` (the alloc lens as int32
+    tensors), ``next_seq_lens`` (the batch's CPU lengths plus one), ``true``."""
+
+    label: str
+    args: tuple[str, ...] = ()
+    kwargs: tuple[tuple[str, str], ...] = ()  # (parameter, the world's value)
+    spec: bool = False  # the EAGLE world (else no speculation)
+    via: str | None = None  # the module whose binding the caller calls, if not the home's
+    tensors: bool = False  # the caller makes two int32 tensors of the first two results
+
+
 class HotSpot(NamedTuple):
     """One SGLang function kvest may replace."""
 
@@ -301,6 +480,8 @@ class HotSpot(NamedTuple):
     # whole-function forms installed only where a caller's use of the result allows
     # (page_aligned_decode_alloc_lens as int32 arrays: INT32_CALLER_MODULES)
     forms: tuple[Use, ...] = ()
+    bench: tuple[Bench, ...] = ()  # the cache simulator's rows
+    steps: tuple[Step, ...] = ()  # the real-SGLang step benchmark's rows
 
     @property
     def qualname(self) -> str:
@@ -316,44 +497,120 @@ class HotSpot(NamedTuple):
 
 
 _SELECTED = {"target": "requests", "owner": "self", "selected": "selected_indices"}
+# Passes over the batch each benchmark row makes, kvest's and upstream's (Bench),
+# read from src/kvest/sglang/glue.py, src/kvest/_reqs.pyx, src/kvest/_src/addrorder.h
+# and reqwrite.h, and from upstream's code (n >= 2,048, the batch's list in creation
+# order; "pointers" reads only a list's array, "objects" reads or writes every
+# request; below 2,048 requests kvest neither checks the order, nor sorts, nor walks
+# backward).
+_ESTIMATE_PASSES = (
+    "3: pointers (address-order check), pointers (the list reversed), objects (count, last "
+    "to first); then upstream's `num_beam_member_rows`: objects",
+    "2: objects (count); objects (beam rows)")
+_SELECTION_PASSES = (
+    "12 -- 6 over the requests: upstream's comprehension (objects: incref); the count: "
+    "pointers (check), pointers (min/max), 4 pointers (2-digit radix sort: count, scatter), "
+    "objects (incref), objects (walk in address order), objects (decref); upstream's beam "
+    "rows (objects); the list freed (objects: decref)",
+    "4 -- 4 over the requests: the comprehension (objects: incref), objects (count), "
+    "objects (beam rows), the list freed (objects: decref)")
 
 HOTSPOTS: Mapping[str, HotSpot] = {h.name: h for h in (
     HotSpot("new_tokens_required_next_decode", (BATCH,), "ScheduleBatch",
             "new_tokens_required_next_decode",
             (Use("select_requests", _SELECTED),
              Use("decode_count", {"target": "new_pages", "requests": "requests",
-                                  "page_size": "page_size"}))),
+                                  "page_size": "page_size"})),
+            bench=(Bench("estimate", "`new_tokens_required_next_decode()`", args=("batch",),
+                         passes=_ESTIMATE_PASSES),
+                   Bench("estimate, selection", "`new_tokens_required_next_decode(selected)`, "
+                         "every request selected in a shuffled order", args=("batch", "picked"),
+                         passes=_SELECTION_PASSES),
+                   Bench("estimate, EAGLE", "`new_tokens_required_next_decode()`, EAGLE (the "
+                         "spec-v2 loop)", args=("eagle",), passes=(
+                             "3: pointers (address-order check), pointers (the list reversed), "
+                             "objects (the spec-v2 rows, last to first)",
+                             "1: objects (the loop)"))),
+            steps=(Step("estimate no-spec"), Step("estimate spec", spec=True),
+                   Step("estimate spec, shuffled selection", ("picked",), spec=True))),
     HotSpot("check_decode_mem", (BATCH,), "ScheduleBatch", "check_decode_mem",
-            (Use("select_requests", _SELECTED),)),
+            (Use("select_requests", _SELECTED),),
+            bench=(Bench("check_decode_mem selection", "`check_decode_mem`'s own list of the "
+                         "selected requests", "select_requests", passes=(
+                             "left to upstream; kvest's list would take 5 -- 3 over the "
+                             "requests: indices unpacked into an argument tuple; itemgetter's "
+                             "tuple (objects: incref); `list()` of it (objects: incref); the "
+                             "tuple freed (objects: decref); the argument tuple freed",
+                             "1: the comprehension (objects: incref)")),)),
     HotSpot("_new_tokens_required_next_decode_spec_v2", (BATCH,), "ScheduleBatch",
             "_new_tokens_required_next_decode_spec_v2",
             (Use("spec_v2_total", {"total": "total", "requests": "requests",
                                    "page_size": "page_size", "reserve": "reserve"}),)),
-    HotSpot("num_beam_member_rows", (BEAM_TAIL,), None, "num_beam_member_rows",
-            (Use("beam_rows", {"reqs": "reqs"}),)),
-    # ("offset": the running row offset, set before the loop and changed only past
-    # its `continue`, which the kernel's answer -- no request in a beam group --
-    # proves the loop never reaches: skipping the loop leaves it as is.)
-    HotSpot("append_beam_tail", (BEAM_TAIL,), None, "append_beam_tail",
-            (Use("beam_tail_loop", {"owner": "batch", "offset": "t"}),)),
     HotSpot("page_aligned_decode_alloc_lens", (ALLOC_SIZING,), None,
             "page_aligned_decode_alloc_lens",
             (Use("alloc_lens_loop", {"reqs": "reqs", "reserve": "reserve",
                                      "page_size": "page_size", "cur": "cur_kv_lens",
                                      "nxt": "nxt_kv_lens", "total": "num_needed_tokens"}),),
-            forms=(Use("alloc_lens_function", {}),)),
+            forms=(Use("alloc_lens_function", {}),),
+            bench=(Bench("alloc lens", "`page_aligned_decode_alloc_lens` (lists)", args=("reqs",),
+                         kwargs=("reserve", "page_size"), passes=(
+                             "8 -- 1 over the requests: 2 lists `[0] * n` (upstream's own "
+                             "lines); pointers (the list reversed); objects (the plan, last to "
+                             "first, into 2 arrays); 2 `tolist()` (2n new ints); 2 slice "
+                             "assignments", "3 -- 1 over the requests: 2 lists `[0] * n`; "
+                             "objects (n new ints for nxt)")),),
+            steps=(Step("alloc lens + 2 int32 tensors", ("reqs",),
+                        (("reserve", "reserve"), ("page_size", "page_size")), spec=True,
+                        via=EAGLE_UTILS, tensors=True),)),
     HotSpot("get_num_new_pages", (COMMON,), None, "get_num_new_pages",
-            (Use("get_num_new_pages", {}),)),
+            (Use("get_num_new_pages", {}),),
+            steps=(Step("get_num_new_pages decode", kwargs=(
+                       ("seq_lens", "next_seq_lens"), ("page_size", "page_size"),
+                       ("decode", "true"))),
+                   Step("get_num_new_pages extend", kwargs=(
+                       ("seq_lens", "nxt"), ("page_size", "page_size"), ("prefix_lens", "cur")),
+                        spec=True))),
     HotSpot("alloc_for_decode", (ALLOCATION,), None, "alloc_for_decode",  # 0.5.19-0.5.21
             (Use("add_lengths_loop", {"owner": "batch", "delta": "token_per_req"}),)),
     HotSpot("alloc_for_decode_default", (ALLOCATION,), None, "alloc_for_decode_default",
-            (Use("add_lengths_loop", {"owner": "batch", "delta": "token_per_req"}),)),
+            (Use("add_lengths_loop", {"owner": "batch", "delta": "token_per_req"}),),
+            bench=(Bench("alloc_for_decode_default loop", "`alloc_for_decode_default`'s adding "
+                         "loop", "add_lengths_loop", passes=("1: objects (2 new ints each)",
+                                                             "1: objects (2 new ints each)")),),
+            steps=(Step("alloc_for_decode_default", ("batch", "token_per_req")),)),
     HotSpot("prepare_for_decode", (BATCH,), "ScheduleBatch", "prepare_for_decode",
-            (Use("batch_idx_loop", {"owner": "self"}),)),
+            (Use("batch_idx_loop", {"owner": "self"}),),
+            bench=(Bench("prepare_for_decode loop", "`prepare_for_decode`'s batch-index loop",
+                         "batch_idx_loop", passes=(
+                             "left to upstream; kvest's writer would take 1: objects (a new "
+                             "int each, stored with a dict lookup)",
+                             "1: objects (a new int each)")),)),
+    HotSpot("num_beam_member_rows", (BEAM_TAIL,), None, "num_beam_member_rows",
+            (Use("beam_rows", {"reqs": "reqs"}),),
+            bench=(Bench("num_beam_member_rows", "`num_beam_member_rows`", "beam_rows", passes=(
+                "left to upstream; kvest's kernel would take 2: pointers (check), objects",
+                "1: objects")),)),
+    # ("offset": the running row offset, set before the loop and changed only past
+    # its `continue`, which the kernel's answer -- no request in a beam group --
+    # proves the loop never reaches: skipping the loop leaves it as is.)
+    HotSpot("append_beam_tail", (BEAM_TAIL,), None, "append_beam_tail",
+            (Use("beam_tail_loop", {"owner": "batch", "offset": "t"}),),
+            bench=(Bench("append_beam_tail loop", "`append_beam_tail`'s loop", "beam_tail_loop",
+                         passes=("2: pointers (check), objects", "1: objects")),),
+            steps=(Step("append_beam_tail", ("batch",)),)),
     HotSpot("eagle_prepare_for_decode", (EAGLE_UTILS,), None, "eagle_prepare_for_decode",
             (Use("batch_idx_loop", {"owner": "batch"}),)),
     HotSpot("alloc_for_spec_decode", (ALLOCATION,), None, "alloc_for_spec_decode",
-            (Use("max_allocated_loop", {"reqs": "reqs", "values": "nxt_kv_lens_list"}),)),
+            (Use("max_allocated_loop", {"reqs": "reqs", "values": "nxt_kv_lens_list"}),),
+            bench=(Bench("alloc_for_spec_decode loop", "`alloc_for_spec_decode`'s max loop",
+                         "max_allocated_loop", passes=(
+                             "2: objects (read, then a write each), the values (pointers)",
+                             "1: objects, the values zipped in")),),
+            steps=(Step("alloc_for_spec_decode", ("cache", "pool"), (
+                ("reqs", "reqs"), ("req_pool_indices", "req_pool_indices"),
+                ("cur_kv_lens", "cur"), ("cur_kv_lens_cpu", "cur"), ("nxt_kv_lens", "nxt"),
+                ("nxt_kv_lens_cpu", "nxt"), ("num_needed_tokens", "need"), ("batch", "batch")),
+                spec=True),)),
 )}
 
 # Functions a pattern calls by name, matched whole and checked, never replaced.

@@ -358,8 +358,7 @@ class StandinTree:
         if common is None:
             raise LookupError(f"{self.source}: no {registry.module_file(registry.COMMON)}")
         package = self.modules[registry.COMMON.rsplit(".", 1)[0]]
-        helpers = (*registry.HELPERS, "get_num_new_pages")
-        for name in helpers:
+        for name in functions[registry.COMMON]:  # the helpers and hot spots loaded there
             if name in common.__dict__:
                 setattr(package, name, common.__dict__[name])  # the package re-exports them
         self.alloc_modules = [loaded[m] for m in registry.ALLOC_SETTINGS_MODULES if m in loaded]
@@ -372,10 +371,8 @@ class StandinTree:
             for name in registry.ALLOC_SETTINGS:
                 if name in module.__dict__ and name not in batch_module.__dict__:
                     batch_module.__dict__[name] = module.__dict__[name]
-        beam = loaded.get(registry.BEAM_TAIL)
-        if beam is not None and "num_beam_member_rows" in beam.__dict__:
-            batch_module.num_beam_member_rows = beam.num_beam_member_rows  # type: ignore[attr-defined]
         relpath = registry.module_file(registry.BATCH)
+        self._bind_imports(batch_module, relpath, loaded)
         cls_node = _find(self.source.tree(relpath), "ScheduleBatch")
         if not isinstance(cls_node, ast.ClassDef):
             raise LookupError(f"{self.source}: no ScheduleBatch in {relpath}")
@@ -399,6 +396,20 @@ class StandinTree:
             for module in registry.INT32_CALLER_MODULES:
                 self._load_callers(registry.module_file(module),
                                    "page_aligned_decode_alloc_lens", alloc_fn)
+
+    def _bind_imports(self, module: types.ModuleType, relpath: str,
+                      loaded: dict[str, types.ModuleType]) -> None:
+        """What ``module``'s file imports by name (``from X import f``) from the
+        functions loaded into the stand-ins: the hot spots it calls (as the
+        batch module calls ``num_beam_member_rows``), bound as the import binds them."""
+        from kvest.sglang.rewrite import module_imports
+
+        for node in module_imports(self.source.tree(relpath)):
+            home = loaded.get(node.module or "") if isinstance(node, ast.ImportFrom) else None
+            for alias in getattr(node, "names", []) if home is not None else []:
+                value = home.__dict__.get(alias.name)  # type: ignore[union-attr]
+                if isinstance(value, types.FunctionType):
+                    module.__dict__.setdefault(alias.asname or alias.name, value)
 
     def _load_callers(self, relpath: str, name: str, fn: Any) -> None:
         if not self.source.exists(relpath):
