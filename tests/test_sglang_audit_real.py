@@ -150,29 +150,51 @@ def test_an_undercount_injected_into_the_estimate_is_caught(monkeypatch, edit):
     assert "PagedTokenToKVPoolAllocator" in result.findings["undercount"]
 
 
-def test_a_bookkeeping_gap_of_the_0515_shape_is_caught(monkeypatch):
-    from kvest.sglang.registry import ALLOC_SIZING
+GAP_CHILD = r"""
+import importlib, json, sys
+sys.path.insert(0, sys.argv[1])
+import test_sglang_audit_real as t
+from kvest.sglang import audit
+from kvest.sglang.registry import ALLOC_SIZING, EAGLE_UTILS
 
-    sizing = sys.modules[ALLOC_SIZING]
-    original = sizing.page_aligned_decode_alloc_lens
-    unaligned = _edited(original, "(r.kv.kv_committed_len + reserve + page_size - 1) // "
-                                  "page_size * page_size",
-                        "r.kv.kv_committed_len + reserve")
-    bound = [m for m in list(sys.modules.values())
-             if getattr(m, "page_aligned_decode_alloc_lens", None) is original]
-    assert sizing in bound and len(bound) >= 2  # its home and eagle_utils
-    for module in bound:
-        monkeypatch.setattr(module, "page_aligned_decode_alloc_lens", unaligned)
-    result = ar.run(config("paged", 64, ("EAGLE", 3, 1, 4), seed=23), STEPS)
-    assert result.gaps > 0
-    assert result.undercounts == 0  # the estimate still equals the allocation
-    pool = result.report["pools"]["PagedTokenToKVPoolAllocator"]
-    assert pool["bookkeeping_gaps"] == result.gaps and pool["gap_tokens"] > 0
-    assert "kv_allocated_len grew by" in result.findings["bookkeeping gap"]
-    # and 0.5.23's own shape has none on the same run
-    for module in bound:
-        monkeypatch.setattr(module, "page_aligned_decode_alloc_lens", original)
-    assert ar.run(config("paged", 64, ("EAGLE", 3, 1, 4), seed=23), STEPS).gaps == 0
+t.ar.sg()
+assert audit.install(every=1) == []
+sizing = importlib.import_module(ALLOC_SIZING)
+importlib.import_module(EAGLE_UTILS)  # (it binds the function by name at import)
+original = sizing.page_aligned_decode_alloc_lens
+unaligned = t._edited(original, "(r.kv.kv_committed_len + reserve + page_size - 1) // "
+                                "page_size * page_size", "r.kv.kv_committed_len + reserve")
+bound = [m for m in list(sys.modules.values())
+         if getattr(m, "page_aligned_decode_alloc_lens", None) is original]
+out = {"bound": sorted(m.__name__ for m in bound)}
+for module in bound:
+    module.page_aligned_decode_alloc_lens = unaligned
+result = t.ar.run(t.config("paged", 64, ("EAGLE", 3, 1, 4), seed=23), t.STEPS)
+pool = result.report["pools"]["PagedTokenToKVPoolAllocator"]
+out.update(gaps=result.gaps, undercounts=result.undercounts, pool=pool,
+           finding="kv_allocated_len grew by" in result.findings.get("bookkeeping gap", ""))
+for module in bound:
+    module.page_aligned_decode_alloc_lens = original
+out["own"] = t.ar.run(t.config("paged", 64, ("EAGLE", 3, 1, 4), seed=23), t.STEPS).gaps
+json.dump(out, sys.stdout)
+"""
+
+
+def test_a_bookkeeping_gap_of_the_0515_shape_is_caught():
+    """In a process of its own (no plugin loaded before, as a scheduler starts)."""
+    from kvest.sglang.registry import ALLOC_SIZING, EAGLE_UTILS
+
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    done = subprocess.run([sys.executable, "-c", GAP_CHILD, os.path.dirname(__file__)],
+                          env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ALLOC_SIZING in got["bound"] and EAGLE_UTILS in got["bound"]
+    assert got["gaps"] > 0
+    assert got["undercounts"] == 0  # the estimate still equals the allocation
+    assert got["pool"]["bookkeeping_gaps"] == got["gaps"] and got["pool"]["gap_tokens"] > 0
+    assert got["finding"]
+    assert got["own"] == 0  # and 0.5.23's own shape has none on the same run
 
 
 CHILD = r"""
