@@ -30,6 +30,9 @@ from array import array
 from types import SimpleNamespace
 from typing import Any
 
+# (the benchmark's worlds choose it, as the audit's driver does)
+from kvest.sglang.standins import assign_torch as assign_torch
+
 PAGE_SIZE = 16
 SPEC = dict(speculative_algorithm="EAGLE", speculative_num_steps=3,
             speculative_eagle_topk=1, speculative_num_draft_tokens=4)
@@ -146,16 +149,6 @@ class _Sampling:
 
     def filter_batch(self, keep_indices: Any, keep_indices_device: Any) -> None:
         pass
-
-
-def assign_torch(req_pool_indices: Any, req_to_token: Any, start_offset: Any, end_offset: Any,
-                 out_cache_loc: Any, batch_size: int) -> None:
-    """``assign_req_to_token_pool_func`` in torch: row i, [start, end) <- the next slots."""
-    at = 0
-    for i in range(batch_size):
-        start, end = int(start_offset[i]), int(end_offset[i])
-        req_to_token[int(req_pool_indices[i]), start:end] = out_cache_loc[at:at + end - start]
-        at += end - start
 
 
 def assign_nothing(*args: Any) -> None:

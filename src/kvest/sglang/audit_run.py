@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 from kvest.sglang import audit
 from kvest.sglang.registry import ALLOC_SIZING
+from kvest.sglang.standins import assign_torch
 
 __all__ = ["Config", "Result", "Spec", "main", "matrix", "run"]
 
@@ -133,19 +134,9 @@ def sg() -> SimpleNamespace:
         SpeculativeAlgorithm=SpeculativeAlgorithm)
 
 
-def _assign(req_pool_indices: Any, req_to_token: Any, start_offset: Any, end_offset: Any,
-            out_cache_loc: Any, batch_size: int) -> None:
-    """``assign_req_to_token_pool_func`` in torch (a Triton kernel, or sgl_kernel, upstream)."""
-    at = 0
-    for i in range(batch_size):
-        start, end = int(start_offset[i]), int(end_offset[i])
-        req_to_token[int(req_pool_indices[i]), start:end] = out_cache_loc[at:at + end - start]
-        at += end - start
-
-
 def _standins() -> None:
     s = sg()
-    s.allocation.assign_req_to_token_pool_func = _assign
+    s.allocation.assign_req_to_token_pool_func = assign_torch
 
 
 def spec_algorithms() -> list[str]:

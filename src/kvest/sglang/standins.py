@@ -85,3 +85,13 @@ class NestedReq:
 
 
 RELEASE_SHAPED = (FlatReq, MixedReq, NestedReq)
+
+
+def assign_torch(req_pool_indices: Any, req_to_token: Any, start_offset: Any, end_offset: Any,
+                 out_cache_loc: Any, batch_size: int) -> None:
+    """``assign_req_to_token_pool_func`` in torch: row i, [start, end) <- the next slots."""
+    at = 0
+    for i in range(batch_size):
+        start, end = int(start_offset[i]), int(end_offset[i])
+        req_to_token[int(req_pool_indices[i]), start:end] = out_cache_loc[at:at + end - start]
+        at += end - start
