@@ -497,7 +497,15 @@ def _ceiling(key: str, value: float) -> float:
 
 def gate_check(dumps: dict[str, dict[str, int]], update: bool) -> int:
     """kvest's counts per request against the ceilings: instructions (warm), D1 misses
-    (warm) and LL misses (cold), per hot spot, at TABLE_SIZES."""
+    (warm) and LL misses (cold), per hot spot, at TABLE_SIZES.
+
+    The public-API build's warm D1 misses are left out: its readers search each
+    request's dict whole, about 190 lines a request against D1's 512, so their
+    conflict misses follow where the heap lies, and a change anywhere in the
+    process moves them (the beam tail's 47 to 77 a request between two runs of
+    one build in one place, its tool edited between them).  Its cold LL count,
+    every line a call touches, holds to 1% there."""
+    public = ceilings_file() == PUBLIC_API_CEILINGS
     measured: dict[str, float] = {}
     for name in SPOTS:
         for n in TABLE_SIZES:
@@ -506,7 +514,8 @@ def gate_check(dumps: dict[str, dict[str, int]], update: bool) -> int:
             if warm is None or cold is None:
                 raise RuntimeError(f"no counts for {name} at n={n}")
             measured[_key(name, n, "warm", "Ir")] = warm["Ir"]
-            measured[_key(name, n, "warm", "D1")] = warm["D1"]
+            if not public:
+                measured[_key(name, n, "warm", "D1")] = warm["D1"]
             measured[_key(name, n, "cold", "LL")] = cold["LL"]
     if update:
         # Misses get at least MISS_SLACK a request above the measurement: where the
