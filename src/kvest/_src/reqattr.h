@@ -62,7 +62,10 @@ typedef struct {
 static inline void kv_cache_init(kv_cache *c, PyObject *committed, PyObject *allocated,
                                  PyObject *nested, PyObject *beam, PyObject *rows, int pure)
 {
-    memset(c, 0, sizeof(*c));
+    /* Only what is read before it is written: a slot is known by its type
+     * (kv_layout_for), and taking one sets the rest (kv_layout_resolve). */
+    for (int i = 0; i < KV_CACHE_SLOTS; i++) c->slots[i].type = NULL;
+    c->next = 0;
     kv_ctx_init(&c->cx, pure);
     c->names[KV_COMMITTED] = committed;
     c->names[KV_ALLOCATED] = allocated;
@@ -92,14 +95,13 @@ static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
         l = &c->slots[c->next];
         c->next = (c->next + 1) % KV_CACHE_SLOTS;
     }
-    /* Each name is resolved when first asked for (kv_layout_read); the first
-     * now, whose lookups give t a version tag where it can have one.  Without
-     * a tag the entry is never current: resolved each time. */
-    for (int k = 1; k < KV_NUM_NAMES; k++) l->read[k].name = NULL;
-    kv_resolve(&l->read[0], t, c->names[0], c->cx.pure);
+    /* Each name is resolved when first asked for (kv_layout_read), under the
+     * tag t has now.  Without one (no lookup gave it one yet) the entry is
+     * never current: taken again next time, by when the lookups gave it one. */
+    for (int k = 0; k < KV_NUM_NAMES; k++) l->read[k].name = NULL;
     l->of = t;
-    l->type = l->read[0].type;
-    l->version = l->read[0].version;
+    l->type = kv_tag_valid(t) ? t : NULL;
+    l->version = l->type ? kv_tag(t) : 0;
     return l;
 }
 

@@ -1,4 +1,6 @@
-# cython: language_level=3, boundscheck=True, wraparound=False
+# cython: language_level=3, boundscheck=True, wraparound=False, binding=False
+# (binding=False: each function and method a builtin one, whose call from the
+# rewritten function CPython specialises, as it does not a cyfunction's)
 """The SGLang glue's compiled half: what a rewritten SGLang function calls on
 every decode step, at every batch size.  In Python the glue's own call, checks
 and counting cost more than upstream's loop over a few requests
@@ -6,6 +8,7 @@ and counting cost more than upstream's loop over a few requests
 as its Python twin in kvest.sglang.glue does, and counts as
 kvest.sglang.monitor.Spot says.  The kernels are kvest._reqs' (its .pxd)."""
 
+cimport cython
 cimport numpy as cnp
 from cpython.list cimport PyList_GET_SIZE
 from cpython.sequence cimport PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
@@ -102,6 +105,7 @@ cdef class _Tally:
 
     cdef readonly long long kernel, fallbacks, upstream
 
+    @cython.always_allow_keywords(False)  # METH_O: the quickest call there is
     def count(self, int seen):
         """One call ended: ``seen`` 1 (a kernel answered, none declined), 2 (a
         kernel declined) or 0 (neither: upstream's on purpose, or no compiled
