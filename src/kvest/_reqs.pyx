@@ -727,11 +727,8 @@ cdef int _walk_all(Job *job, object reqs) except -1:
     cdef Py_ssize_t pos = 0
     _cache_init(cache, job.pure)
     cdef bint seq = type(reqs) is list or type(reqs) is tuple
-    # (the policies' own checks, first the size, made here: a small batch's call
-    # costs no more than its walk)
-    if seq and _ORDERS and _size(reqs) >= min(_order_min, _backward_min) and (
-            _by_address(job, PySequence_Fast_ITEMS(reqs), _size(reqs))
-            or _backward(job, reqs)):
+    if seq and _ORDERS and _size(reqs) >= min(_order_min, _backward_min) and (  # (cheap first)
+            _by_address(job, PySequence_Fast_ITEMS(reqs), _size(reqs)) or _backward(job, reqs)):
         return 0
     cdef Py_ssize_t retry = _first_run(job, _size(reqs) if seq else 0)
     # Each request is held by a reference of our own while it is read: a

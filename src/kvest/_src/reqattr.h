@@ -62,9 +62,7 @@ typedef struct {
 static inline void kv_cache_init(kv_cache *c, PyObject *committed, PyObject *allocated,
                                  PyObject *nested, PyObject *beam, PyObject *rows, int pure)
 {
-    /* Only what is read before it is written: a slot is known by its type
-     * (kv_layout_for), and taking one sets the rest (kv_layout_resolve). */
-    for (int i = 0; i < KV_CACHE_SLOTS; i++) c->slots[i].type = NULL;
+    for (int i = 0; i < KV_CACHE_SLOTS; i++) c->slots[i].type = NULL; /* (kv_layout_resolve) */
     c->next = 0;
     kv_ctx_init(&c->cx, pure);
     c->names[KV_COMMITTED] = committed;
@@ -95,9 +93,8 @@ static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
         l = &c->slots[c->next];
         c->next = (c->next + 1) % KV_CACHE_SLOTS;
     }
-    /* Each name is resolved when first asked for (kv_layout_read), under the
-     * tag t has now.  Without one (no lookup gave it one yet) the entry is
-     * never current: taken again next time, by when the lookups gave it one. */
+    /* Each name is resolved when first asked for (kv_layout_read), under t's
+     * tag now; without one the entry is never current, and is taken again. */
     for (int k = 0; k < KV_NUM_NAMES; k++) l->read[k].name = NULL;
     l->of = t;
     l->type = kv_tag_valid(t) ? t : NULL;

@@ -1,10 +1,9 @@
 # cython: language_level=3, boundscheck=True, wraparound=False, binding=False
-# (binding=False: each function and method a builtin one, whose call from the
-# rewritten function CPython specialises, as it does not a cyfunction's)
 """The SGLang glue's compiled half: what a rewritten SGLang function calls on
 every decode step, at every batch size.  In Python the glue's own call, checks
 and counting cost more than upstream's loop over a few requests
-(kvest.sglang.glue); here they cost a method call.  Each glue answers exactly
+(kvest.sglang.glue); here they cost a builtin method's call, which CPython
+specialises (binding=False), as it does not a cyfunction's.  Each glue answers exactly
 as its Python twin in kvest.sglang.glue does, and counts as
 kvest.sglang.monitor.Spot says.  The kernels are kvest._reqs' (its .pxd)."""
 
