@@ -1,4 +1,5 @@
-"""Shared fixtures: which implementation is live, CPU variants, Hypothesis profiles."""
+"""Shared fixtures: which implementation is live, CPU variants, Hypothesis profiles,
+prometheus_client in multiprocess mode."""
 
 from __future__ import annotations
 
@@ -88,3 +89,26 @@ def cpu_variant(request: pytest.FixtureRequest):
         yield request.param
     finally:
         _kernels.set_cpu_variant(before)
+
+
+@pytest.fixture
+def multiproc(tmp_path, monkeypatch):
+    """prometheus_client in multiprocess mode over a fresh directory (it picks
+    its value class when imported: picked again here, as a freshly spawned
+    scheduler process would); tests/metrics_readback.py reads it back."""
+    from kvest._env import flag
+    from kvest.sglang import metrics
+
+    try:
+        from prometheus_client import values
+    except ImportError as exc:
+        if flag("KVEST_REQUIRE_REAL_SGLANG"):
+            raise RuntimeError("KVEST_REQUIRE_REAL_SGLANG is set but prometheus_client "
+                               "does not import") from exc
+        pytest.skip("prometheus_client is not installed")
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setenv("KVEST_METRICS_INTERVAL", "3600")  # tests sync by hand
+    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
+    metrics._forget()
+    yield tmp_path
+    metrics._forget()

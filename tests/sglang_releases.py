@@ -42,6 +42,13 @@ def releases() -> list[SourceTree]:
     return [found[v] for v in sorted(found, key=key)]
 
 
+def nested_releases() -> list[SourceTree]:
+    """The releases (0.5.19 on) whose requests keep their lengths under
+    ``req.kv`` (mem_cache/allocation.py) and whose batch has a beam tail."""
+    return [t for t in releases() if t.exists("sglang/srt/mem_cache/allocation.py")
+            and t.exists("sglang/srt/beam_search/batch_tail.py")]
+
+
 def check_required(trees: list[SourceTree]) -> None:
     """Fail (rather than skip) when CI asked for releases that are not here."""
     required = os.environ.get("KVEST_REQUIRE_SGLANG", "").strip()

@@ -13,7 +13,7 @@ import dataclasses
 import warnings
 
 import pytest
-from sglang_releases import check_required, releases
+from sglang_releases import check_required, nested_releases, releases
 
 import kvest
 import kvest.sglang
@@ -21,8 +21,7 @@ from kvest.sglang import parity
 from kvest.sglang.upstream import standin_tree
 
 check_required(releases())
-NESTED = [t for t in releases() if t.exists("sglang/srt/mem_cache/allocation.py")
-          and t.exists("sglang/srt/beam_search/batch_tail.py")]
+NESTED = nested_releases()
 if not NESTED:
     pytest.skip("no sglang release 0.5.19+ available", allow_module_level=True)
 NEWEST = NESTED[-1]

@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 import pytest
-from sglang_releases import check_required, releases
+from sglang_releases import check_required, nested_releases, releases
 from sglang_standins import request_class
 
 import kvest
@@ -21,8 +21,7 @@ from kvest.sglang import glue, parity
 from kvest.sglang.upstream import standin_tree
 
 check_required(releases())
-NESTED = [t for t in releases() if t.exists("sglang/srt/mem_cache/allocation.py")
-          and t.exists("sglang/srt/beam_search/batch_tail.py")]
+NESTED = nested_releases()
 if not NESTED:
     pytest.skip("no sglang release 0.5.19+ available", allow_module_level=True)
 NEWEST = NESTED[-1]

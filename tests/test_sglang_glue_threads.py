@@ -14,6 +14,7 @@ import sys
 import threading
 
 import pytest
+from metrics_readback import read_back
 from sglang_releases import check_required, releases
 from sglang_standins import request_class
 
@@ -65,6 +66,20 @@ def _counts():
 
 def _delta(before, after):
     return {k: after[k] - before[k] for k in COUNTERS}
+
+
+def _race(threads):
+    """threads started and joined (each given 600 s), the interpreter switching
+    between them as often as it can meanwhile."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    finally:
+        sys.setswitchinterval(old)
 
 
 def _never_more(earlier, later):
@@ -136,7 +151,6 @@ def test_many_interleaved_calls_on_two_threads_count_exactly():
     interpreter switching threads as often as it can: every call counted,
     as what it was, and the collector as it was found."""
     n = 400 if kvest.IMPLEMENTATION == "python" else 2000
-    old = sys.getswitchinterval()
     with standin_tree(NEWEST) as tree, kvest.sglang.patch():
         good, bad = _batches(tree)
         expected = good.new_tokens_required_next_decode(), bad.new_tokens_required_next_decode()
@@ -153,14 +167,7 @@ def test_many_interleaved_calls_on_two_threads_count_exactly():
         before = _counts()
         threads = [threading.Thread(target=run, args=pair)
                    for pair in zip((good, bad), expected, strict=True)]
-        sys.setswitchinterval(1e-6)
-        try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(600)
-        finally:
-            sys.setswitchinterval(old)
+        _race(threads)
         after = _counts()
     assert not any(t.is_alive() for t in threads)
     assert not wrong
@@ -186,28 +193,10 @@ def test_status_read_inside_a_call_never_shows_more_than_after_it():
         _never_more(during, _counts())
 
 
-@pytest.fixture
-def multiproc(tmp_path, monkeypatch):
-    """prometheus_client in multiprocess mode over a fresh directory (as
-    tests/test_sglang_metrics.py sets it up)."""
-    values = pytest.importorskip("prometheus_client.values")
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    monkeypatch.setenv("KVEST_METRICS_INTERVAL", "3600")  # synced by hand
-    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
-    metrics._forget()
-    yield tmp_path
-    metrics._forget()
-
-
 def _exported(directory):
     """kvest_calls_total for the estimate, as SGLang's /metrics serves it."""
-    from prometheus_client import CollectorRegistry, multiprocess
-
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, path=str(directory))
-    return {s.labels["answer"]: s.value for family in registry.collect()
-            for s in family.samples
-            if s.name == "kvest_calls_total" and s.labels.get("hotspot") == ESTIMATE}
+    return {dict(labels)["answer"]: value for (name, labels), value in read_back(directory).items()
+            if name == "kvest_calls_total" and dict(labels).get("hotspot") == ESTIMATE}
 
 
 def test_a_metrics_sync_inside_a_call_never_shows_more_than_status(multiproc):
@@ -324,16 +313,8 @@ def test_two_threads_on_one_glue_leave_the_collector_as_found():
                 wrong.append((i % 3, got))
 
     assert gc.isenabled()
-    old = sys.getswitchinterval()
     threads = [threading.Thread(target=answering), threading.Thread(target=declining)]
-    sys.setswitchinterval(1e-6)
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(600)
-    finally:
-        sys.setswitchinterval(old)
+    _race(threads)
     enabled = gc.isenabled()
     gc.enable()  # (whatever happened, the rest of the suite runs as usual)
     assert not any(t.is_alive() for t in threads)

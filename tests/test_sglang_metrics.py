@@ -14,9 +14,8 @@ from __future__ import annotations
 import copy
 import logging
 
-import pytest
+from metrics_readback import calls, read_back
 
-from kvest._env import flag
 from kvest.sglang import metrics
 
 NEW_SHAPE = {
@@ -53,41 +52,6 @@ def test_interval():
 
 
 # ------------------------------------------------------------------ real prometheus_client
-
-@pytest.fixture
-def multiproc(tmp_path, monkeypatch):
-    """prometheus_client in multiprocess mode over a fresh directory (it picks
-    its value class when imported: picked again here, as a freshly spawned
-    scheduler process would)."""
-    try:
-        from prometheus_client import values
-    except ImportError as exc:
-        if flag("KVEST_REQUIRE_REAL_SGLANG"):
-            raise RuntimeError("KVEST_REQUIRE_REAL_SGLANG is set but prometheus_client "
-                               "does not import") from exc
-        pytest.skip("prometheus_client is not installed")
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    monkeypatch.setenv("KVEST_METRICS_INTERVAL", "3600")  # tests sync by hand
-    monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue())
-    metrics._forget()
-    yield tmp_path
-    metrics._forget()
-
-
-def read_back(directory):
-    """What SGLang's /metrics serves: every process's files, collected."""
-    from prometheus_client import CollectorRegistry, multiprocess
-
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry, path=str(directory))
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in registry.collect() for s in family.samples
-            if s.name.startswith("kvest_")}
-
-
-def calls(hotspot, answer):
-    return ("kvest_calls_total", (("answer", answer), ("hotspot", hotspot)))
-
 
 def shadow(kind, hotspot):
     return (f"kvest_shadow_{kind}_total", (("hotspot", hotspot),))
