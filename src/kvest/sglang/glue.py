@@ -198,7 +198,7 @@ def _plain_indices(selected: Any) -> bool:
     kind = type(selected)
     if kind is np.ndarray:
         return selected.ndim == 1 and selected.dtype.kind in "iu"
-    return (kind is list or kind is tuple) and set(map(type, selected)) <= _EXACT_INT
+    return exact_ints(selected)
 
 
 def _lookup_is_special(cls: type, name: str) -> bool:
