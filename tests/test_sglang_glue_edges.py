@@ -100,23 +100,50 @@ class Rebinds:
         self.value, self.namespace = value, namespace
 
     def __gt__(self, other):
-        self.namespace["max"] = lambda current, value: current
+        _keeps_current(self.namespace)
         return True
 
     def __repr__(self):
         return f"Rebinds({self.value})"
 
 
-def _max_world(namespace, make):
+def _keeps_current(namespace):
+    namespace["max"] = lambda current, value: current
+
+
+def _rebinding_kv(req, namespace):
+    """req, its ``kv`` now a property that rebinds the module's ``max`` (to
+    one that keeps the current length) each time it is read."""
+
+    class RebindingKv(type(req)):
+        @property
+        def kv(self):
+            _keeps_current(namespace)
+            return self.__dict__["held_kv"]
+
+    req.__dict__["held_kv"] = req.__dict__.pop("kv")
+    req.__class__ = RebindingKv
+    return req
+
+
+def _max_world(namespace, make, via):
+    """Four requests and values, the second pair rebinding ``max`` ``via`` a
+    value's ``__gt__`` or the request's ``kv`` property."""
     reqs = [make(c, c) for c in (5, 16, 31, 40)]
-    values = [8, Rebinds(20, namespace), 64, 80]
+    values = [8, 20, 64, 80]
+    if via == "value":
+        values[1] = Rebinds(20, namespace)
+    else:
+        reqs[1] = _rebinding_kv(reqs[1], namespace)
     return reqs, values
 
 
-def test_a_value_that_rebinds_max_mid_loop_sees_upstreams_loop():
-    """``alloc_for_spec_decode``'s max loop, with a value whose ``__gt__``
-    rebinds the module's ``max``: the requests end as upstream's loop leaves
-    them (its later passes use the new ``max``)."""
+@pytest.mark.parametrize("via", ["value", "request"])
+def test_code_that_rebinds_max_mid_loop_sees_upstreams_loop(via):
+    """``alloc_for_spec_decode``'s max loop, where the second pass runs code
+    that rebinds the module's ``max`` (a value's ``__gt__``, or the request's
+    ``kv`` property): the requests end as upstream's loop leaves them (its
+    later passes use the new ``max``)."""
     with standin_tree(NEWEST) as tree:
         analysis, found = parity.found_statement(tree, "alloc_for_spec_decode",
                                                  "max_allocated_loop")
@@ -127,13 +154,14 @@ def test_a_value_that_rebinds_max_mid_loop_sees_upstreams_loop():
         ends = []
         for fn in (alone, swapped):
             assert "max" not in namespace
-            reqs, values = _max_world(namespace, make)
+            reqs, values = _max_world(namespace, make, via)
             args = {found.name("reqs"): reqs, found.name("values"): values}
             try:
                 fn(*[args[p] for p in params])
+                ends.append([(r.kv.kv_committed_len, repr(r.kv.kv_allocated_len))
+                             for r in reqs])
             finally:
-                namespace.pop("max", None)
-            ends.append([(r.kv.kv_committed_len, repr(r.kv.kv_allocated_len)) for r in reqs])
+                namespace.pop("max", None)  # (reading a rebinding kv rebinds it again)
     assert ends[1] == ends[0]
     assert [a for _, a in ends[0]][2:] == ["31", "40"]  # (upstream kept them: the new max)
 

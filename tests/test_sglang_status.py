@@ -14,6 +14,7 @@ import sys
 import threading
 import warnings
 
+import numpy as np
 import pytest
 from sglang_releases import check_required, releases
 from sglang_standins import request_class
@@ -231,22 +232,27 @@ def count_new_pages(requests, page_size):
 '''
 
 
+def _extra_spot(tmp_path, monkeypatch, source, name):
+    """The newest release's files and EXTRA_MODULE holding ``source``, whose
+    function ``name`` is registered as a hot spot of the decode count."""
+    for file in registry.files():
+        if NEWEST.exists(file):
+            (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(NEWEST.path(file), tmp_path / file)
+    (tmp_path / registry.module_file(EXTRA_MODULE)).write_text(source)
+    roles = {"target": "new_pages", "requests": "requests", "page_size": "page_size"}
+    spot = registry.HotSpot(name, (EXTRA_MODULE,), None, name,
+                            (registry.Use("decode_count", roles),))
+    monkeypatch.setitem(registry.HOTSPOTS, spot.name, spot)  # type: ignore[index]
+    monkeypatch.setattr(monitor.STATE, "spots", dict(monitor.STATE.spots))
+    return SourceTree(tmp_path, NEWEST.version)
+
+
 def test_a_new_hot_spot_is_one_registry_record(tmp_path, monkeypatch, capsys):
     """A stand-in hot spot added to the registry (an existing kind of statement
     in a new function): the stand-in loader, the plan, status(), the plugin and
     the doctor's parity run all pick it up."""
-    for name in registry.files():
-        if NEWEST.exists(name):
-            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(NEWEST.path(name), tmp_path / name)
-    extra = tmp_path / registry.module_file(EXTRA_MODULE)
-    extra.write_text(EXTRA_SOURCE)
-    roles = {"target": "new_pages", "requests": "requests", "page_size": "page_size"}
-    spot = registry.HotSpot("count_new_pages", (EXTRA_MODULE,), None, "count_new_pages",
-                            (registry.Use("decode_count", roles),))
-    monkeypatch.setitem(registry.HOTSPOTS, spot.name, spot)  # type: ignore[index]
-    monkeypatch.setattr(monitor.STATE, "spots", dict(monitor.STATE.spots))
-    source = SourceTree(tmp_path, NEWEST.version)
+    source = _extra_spot(tmp_path, monkeypatch, EXTRA_SOURCE, "count_new_pages")
     with standin_tree(source, plugins=True) as tree:
         assert EXTRA_MODULE in tree.modules  # the loader read the registry
         module = tree.modules[EXTRA_MODULE]
@@ -264,6 +270,36 @@ def test_a_new_hot_spot_is_one_registry_record(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "  count_new_pages: replaced (decode_count/nested at line 3)" in out
     assert "  count_new_pages: decode_count/nested at line 3: " in out
+
+
+LOOPED_SOURCE = '''
+def count_each_size(requests, sizes):
+    total = 0
+    for page_size in sizes:
+        new_pages = sum(1 for r in requests if r.kv.kv_committed_len % page_size == 0)
+        total += new_pages
+    return total
+'''
+
+
+@pytest.mark.parametrize(("sizes", "outcome"), [
+    ((np.int64(16), 16), "fallbacks"), ((16, np.int64(16)), "fallbacks"), ((16, 8), "kernel")])
+def test_a_statement_in_a_loop_counts_its_call_once(sizes, outcome, tmp_path, monkeypatch):
+    """A swapped statement run on every pass of a loop: a call where one pass
+    declined (a NumPy page size) is one fallback, whichever pass it was; a
+    call whose every pass answered, one kernel call."""
+    source = _extra_spot(tmp_path, monkeypatch, LOOPED_SOURCE, "count_each_size")
+    with standin_tree(source, plugins=True) as tree:
+        module = tree.modules[EXTRA_MODULE]
+        original = module.count_each_size
+        tree.modules["sglang.srt.plugins"].load_plugins()
+        assert module.count_each_size is not original
+        reqs = [_Plain(kv=_Plain(kv_committed_len=c)) for c in (32, 33, 48)]
+        before = dict(kvest.sglang.status()["hotspots"]["count_each_size"])
+        assert module.count_each_size(reqs, sizes) == original(reqs, sizes)
+        after = kvest.sglang.status()["hotspots"]["count_each_size"]
+    moved = {k: after[k] - before[k] for k in ("calls", "kernel", "fallbacks", "upstream")}
+    assert moved == {"calls": 1, "kernel": 0, "fallbacks": 0, "upstream": 0, outcome: 1}
 
 
 def _raiser(*args, **kwargs):

@@ -661,6 +661,42 @@ def test_pure_writer_refuses_before_writing(impl):
     assert [(r.kv.x, r.y) for r in reqs] == [(7, 11), (7, 12)]
 
 
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("n", [3, 200])  # (the compiled writer keeps 64 stores on its stack)
+@pytest.mark.parametrize("late", ["property", "big int", "plain"])
+def test_pure_max_takes_back_what_it_wrote_before_a_late_request(impl, n, late):
+    """Pure max over requests whose stores run no code (the first two sharing
+    one req.kv), then a late one: one that needs the caller's code (a
+    property) is refused with every request holding its very int again; one
+    pure mode reads another way (an int past one digit), or a plain one, ends
+    as the loop ends."""
+    class Prop(_Holder):
+        @property
+        def kv(self):
+            raise AssertionError("the caller's code ran")
+
+    # (a first call: the compiled writer learns where a dict keeps req.kv)
+    impl.max_into_attr([_Holder(_KV(0), 0)], "kv.x", [0], pure=True)
+    shared = _KV(_fresh(10))
+    reqs = [_Holder(shared, 0), _Holder(shared, 0)]
+    reqs += [_Holder(_KV(_fresh(10 + i % 7)), 0) for i in range(n - 3)]
+    reqs.append(Prop.__new__(Prop) if late == "property"
+                else _Holder(_KV(_fresh(2**40 if late == "big int" else 12)), 0))
+    values = [_fresh(25), _fresh(21)] + [_fresh(20 + i % 5) for i in range(n - 2)]
+    if late == "property":
+        before = [r.kv.x for r in reqs[:-1]]
+        with pytest.raises(kvest.ImpureRequest, match=rf"reqs\[{n - 1}\] cannot be written"):
+            impl.max_into_attr(reqs, "kv.x", values, pure=True)
+        assert all(r.kv.x is old for r, old in zip(reqs, before, strict=False))
+        return
+    want = {id(r.kv): r.kv.x for r in reqs}
+    for r, v in zip(reqs, values, strict=True):
+        want[id(r.kv)] = v if v > want[id(r.kv)] else want[id(r.kv)]
+    impl.max_into_attr(reqs, "kv.x", values, pure=True)
+    assert all(r.kv.x is want[id(r.kv)] for r in reqs)
+    assert shared.x is values[0]  # (25, then 21 kept it)
+
+
 # ------------------------------------------------- no int changed in place
 # `r.x += d` makes a new int while the old one is still held (so never at the
 # old one's address), or takes a shared small one: the writers do exactly

@@ -593,15 +593,12 @@ cdef inline bint _may_reorder(Job *job, Py_ssize_t m) noexcept:
 
 
 cdef int _by_address(Job *job, PyObject **items, Py_ssize_t m) except -1:
-    """The walk over items (borrowed; no Python code has run since they were
-    read) in address order (addrorder.h says why), where the answer cannot
-    tell the order: a count or an int64 sum (not the plan's rows), each
-    request read by :func:`_row` in quick pure mode (a slot, or an instance
-    dict's entry at its learned place; no code of the caller's).  1 when it
-    did: job then holds the answer.  0 otherwise (a batch too small, or whose
-    requests mostly lie near one another already; a request the quick read
-    cannot take; an overflow): job is as it was, nothing else has changed, and
-    the caller walks in order -- and raises, or calls Python, as it does."""
+    """The walk over items (borrowed; no code has run since they were read) in
+    address order (addrorder.h says why), where the answer cannot tell the
+    order (a count or an int64 sum), by :func:`_quick_walk`.  1 when it did:
+    job holds the answer.  0 otherwise (too small a batch, or one lying near
+    in order already; a request the quick reads cannot take; an overflow): job
+    as it was, nothing else changed, and the caller walks in order."""
     global _order_walks, _order_gave_up
     cdef Py_ssize_t j
     cdef PyObject **order
@@ -629,13 +626,10 @@ cdef int _by_address(Job *job, PyObject **items, Py_ssize_t m) except -1:
 
 cdef int _backward(Job *job, object reqs) except -1:
     """The walk over a whole list or tuple from its last request to its first
-    (addrorder.h says why): an estimate's count or sum, or the plan's rows,
-    each written where it belongs (into kvest's own arrays only: a walk that
-    gives up leaves rows no forward walk may have written); each request read in quick pure mode, as
-    :func:`_by_address` reads.  1 when it did: job then holds the answer.  0
-    otherwise (too small a batch, anything the quick reads cannot take, an
-    overflow): job is as it was, nothing else has changed, and the caller
-    walks forward -- and raises, or calls Python, as it does."""
+    (addrorder.h says why), by :func:`_quick_walk`: an estimate's count or sum,
+    or the plan's rows, each written where it belongs (into kvest's own arrays
+    only: a walk that gives up leaves rows no forward walk would).  1 and 0 as
+    :func:`_by_address` says."""
     global _backward_done
     cdef Py_ssize_t j, m = _size(reqs)
     cdef PyObject **items = PySequence_Fast_ITEMS(reqs)
@@ -664,7 +658,8 @@ cdef int _backward(Job *job, object reqs) except -1:
 
 
 cdef bint _quick_walk(Job *job, PyObject **order, Py_ssize_t m) except -1:
-    """order[0..m) (held for the walk) read in quick pure mode into a copy of
+    """order[0..m) (held for the walk) read in quick pure mode (a slot, or a
+    dict's entry at its learned place: no code of the caller's) into a copy of
     job, which job becomes if every request was read; job as it was if not."""
     cdef Job trial
     cdef kv_cache cache
@@ -724,45 +719,59 @@ cdef int64_t *_exact_rows(object indices, Py_ssize_t n, Py_ssize_t *m) except? N
 cdef int _walk_all(Job *job, object reqs) except -1:
     cdef kv_cache call_cache
     cdef kv_cache *cache = &call_cache  # the call's own: never shared with another thread
-    cdef Py_ssize_t pos = 0
-    _cache_init(cache, job.pure)
-    cdef bint seq = type(reqs) is list or type(reqs) is tuple
-    if seq and _ORDERS and _size(reqs) >= min(_order_min, _backward_min) and (  # (cheap first)
+    cdef Py_ssize_t pos = 0, retry
+    if not (type(reqs) is list or type(reqs) is tuple):
+        return _walk_iter(job, reqs)
+    if _ORDERS and _size(reqs) >= min(_order_min, _backward_min) and (  # (cheap first)
             _by_address(job, PySequence_Fast_ITEMS(reqs), _size(reqs)) or _backward(job, reqs)):
         return 0
-    cdef Py_ssize_t retry = _first_run(job, _size(reqs) if seq else 0)
+    _cache_init(cache, job.pure)
+    retry = _first_run(job, _size(reqs))
     # Each request is held by a reference of our own while it is read: a
     # property of one request may drop the container's reference to it (runs
     # hold none: they run no Python code).
     try:
-        if seq:
-            # The size (and a list's items) read every step, as their iterators do.
-            while pos < _size(reqs):
-                if pos >= retry:
-                    retry = _run_from(job, cache, reqs, _size(reqs), &pos)
-                    if pos >= _size(reqs):
-                        break
-                req = <object>PySequence_Fast_ITEMS(reqs)[pos]  # a reference of our own
-                _row_let(job, cache, req, pos)
-                req = None  # (after _row_let: its release is the caller's code)
-                pos += 1
-        else:
-            it = reqs_iter(reqs)
-            while True:
-                kv_cache_let(cache)  # the iterator is the caller's code
-                try:
-                    req = next(it)
-                except StopIteration:
+        # The size (and a list's items) read every step, as their iterators do.
+        while pos < _size(reqs):
+            if pos >= retry:
+                retry = _run_from(job, cache, reqs, _size(reqs), &pos)
+                if pos >= _size(reqs):
                     break
-                except MemoryError:
-                    raise
-                except Exception as exc:
-                    raise reqs_read_error(exc, pos) from exc
-                _row_let(job, cache, req, pos)
-                req = None  # (after _row_let: its release is the caller's code)
-                pos += 1
+            if job.kind == PLAN and job.row == job.rows:  # (a property grew the list)
+                raise plan_grew_error(job.rows)  # before the request is read, as the twin
+            req = <object>PySequence_Fast_ITEMS(reqs)[pos]  # a reference of our own
+            _row_let(job, cache, req, pos)
+            req = None  # (after _row_let: its release is the caller's code)
+            pos += 1
     finally:
         kv_cache_let(cache)
+    if job.kind == PLAN and job.row < job.rows:  # a property shrank it: rows stay unread
+        raise plan_shrank_error(job.rows, job.row)
+    return 0
+
+
+cdef int _walk_iter(Job *job, object reqs) except -1:
+    """:func:`_walk_all` over any other iterable, by its own iterator."""
+    cdef kv_cache cache
+    cdef Py_ssize_t pos = 0
+    _cache_init(&cache, job.pure)
+    it = reqs_iter(reqs)
+    try:
+        while True:
+            kv_cache_let(&cache)  # the iterator is the caller's code
+            try:
+                req = next(it)
+            except StopIteration:
+                break
+            except MemoryError:
+                raise
+            except Exception as exc:
+                raise reqs_read_error(exc, pos) from exc
+            _row_let(job, &cache, req, pos)
+            req = None  # (after _row_let: its release is the caller's code)
+            pos += 1
+    finally:
+        kv_cache_let(&cache)
     return 0
 
 
@@ -1044,12 +1053,7 @@ def decode_alloc_plan_from_reqs(reqs, page_size, reserve, indices=None, *, page_
     job.cur32 = cnp.PyArray_ITEMSIZE(cur_buf) == 4
     job.nxt32 = cnp.PyArray_ITEMSIZE(nxt_buf) == 4
     if sel is None:
-        if type(reqs) is list:
-            # A request's property could shrink the list mid-walk: never
-            # write past the buffers sized from its length at the start.
-            _walk_rows_dense_list(&job, reqs, m)
-        else:
-            _walk_all(&job, reqs)
+        _walk_all(&job, reqs)
     else:
         _walk_rows(&job, reqs, sel.rows, sel.m)
     return AllocPlan(cur_out, nxt_out, job.tokens, job.pages)
@@ -1062,32 +1066,6 @@ cdef inline bint _plan_buffer(cnp.ndarray arr, Py_ssize_t m) noexcept:
             and cnp.PyArray_DIMS(arr)[0] == m and cnp.PyArray_ISCARRAY(arr)
             and cnp.PyArray_ISSIGNED(arr)
             and (cnp.PyArray_ITEMSIZE(arr) == 4 or cnp.PyArray_ITEMSIZE(arr) == 8))
-
-
-cdef int _walk_rows_dense_list(Job *job, list reqs, Py_ssize_t m) except -1:
-    cdef kv_cache cache
-    cdef Py_ssize_t pos = 0
-    cdef Py_ssize_t retry = _first_run(job, m)
-    if PyList_GET_SIZE(reqs) == m and _backward(job, reqs):
-        return 0
-    _cache_init(&cache, job.pure)
-    try:
-        while pos < PyList_GET_SIZE(reqs):
-            if pos >= retry and pos < m:
-                retry = _run_from(job, &cache, reqs, m, &pos)
-                if pos >= PyList_GET_SIZE(reqs):
-                    break
-            if pos == m:
-                raise plan_grew_error(m)
-            req = <object>PyList_GET_ITEM(reqs, pos)  # a reference of our own
-            _row_let(job, &cache, req, pos)
-            req = None  # (after _row_let: its release is the caller's code)
-            pos += 1
-    finally:
-        kv_cache_let(&cache)
-    if pos < m:  # a request's property shrank the list: rows never reached stay unread
-        raise plan_shrank_error(m, pos)
-    return 0
 
 
 def beam_member_rows_from_reqs(reqs, indices=None, *, exact_ints=False, pure=False):

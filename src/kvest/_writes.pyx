@@ -49,6 +49,9 @@ cdef extern from "reqwrite.h":
                             Py_ssize_t n)
     int kw_max_all(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *steps, Py_ssize_t n,
                    int strict) except -1
+    bint kw_max_all_quick(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *steps,
+                          Py_ssize_t n)
+    bint kw_small_ints(PyObject *seq)
 
 # The instance-dict entry read, as in kvest._reqs (reqroute.h).
 kv_dict_entries_check()
@@ -242,7 +245,9 @@ def max_into_attr(reqs, path, values, *, strict=True, pure=False):
     cdef bint is_pure = _flag(pure, "pure")
     if is_pure:
         pure_reqs(reqs)
-        pure_values(values, "values")
+        if not ((type(values) is list or type(values) is tuple)
+                and kw_small_ints(<PyObject *>values)):  # (the rule's usual case, in C)
+            pure_values(values, "values")
     cdef tuple names = path if _ready(path) else _names(path, "path")
     cdef bint is_strict = _flag(strict, "strict")
     cdef kv_ctx cx
@@ -262,6 +267,8 @@ def max_into_attr(reqs, path, values, *, strict=True, pure=False):
             if is_strict and len(reqs) != len(values):
                 raise impure_argument("values")  # zip's ValueError after the pairs
             _pure_paths((names,))
+            if kw_max_all_quick(&cx, <PyObject *>reqs, <PyObject *>values, steps, n):
+                return None  # every pair checked and written in one pass
             bad = kw_check_max(&cx, <PyObject *>reqs, <PyObject *>values, steps, n)
             if bad >= 0:
                 raise impure_request(bad, "written")

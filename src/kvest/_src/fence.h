@@ -155,10 +155,18 @@ KV_HOT PyObject **kv_dictptr(kv_gc *g, PyObject *obj)
     return _PyObject_GetDictPtr(obj);
 }
 
-/* obj's instance dict (borrowed) or NULL, collections already held off. */
-KV_HOT PyObject *kv_dict_of(PyObject *obj)
+/* obj's instance dict (borrowed) or NULL: a built managed dict read where
+ * _PyObject_GetDictPtr finds it (pycore_object.h: three words before obj; 3.12
+ * tags inline values there with bit 0), nothing held off; else kv_dictptr's. */
+KV_HOT PyObject *kv_dict_of(kv_gc *g, PyObject *obj)
 {
-    PyObject **dictptr = _PyObject_GetDictPtr(obj);
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    if (Py_TYPE(obj)->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
+        uintptr_t d = ((uintptr_t *)obj)[-3];
+        if (d != 0 && !(d & 1)) return (PyObject *)d;
+    }
+#endif
+    PyObject **dictptr = kv_dictptr(g, obj);
     return dictptr != NULL ? *dictptr : NULL;
 }
 
@@ -202,8 +210,7 @@ KV_HOT int kv_small_int(PyObject *v, long long *x)
         return 1;
     }
 #else
-    (void)v;
-    (void)x;
+    (void)v, (void)x;
 #endif
     return 0;
 }
@@ -325,6 +332,13 @@ KV_HOT PyObject **kv_dictptr(kv_gc *g, PyObject *obj)
     return &g->dict;
 }
 
+/* obj's instance dict (borrowed) or NULL, as kv_dictptr finds it. */
+KV_HOT PyObject *kv_dict_of(kv_gc *g, PyObject *obj)
+{
+    PyObject **dictptr = kv_dictptr(g, obj);
+    return dictptr != NULL ? *dictptr : NULL;
+}
+
 /* obj's slot at r: PyObject_GetAttr reads it, which the route proves is the
  * member descriptor's own get (no code of the caller's). */
 KV_HOT PyObject *kv_slot_get(const kv_route *r, PyObject *obj, PyObject *name)
@@ -341,8 +355,7 @@ KV_HOT PyObject *kv_slot_get(const kv_route *r, PyObject *obj, PyObject *name)
 
 KV_HOT int kv_small_int(PyObject *v, long long *x)
 {
-    (void)v;
-    (void)x;
+    (void)v, (void)x;
     return 0;
 }
 
@@ -352,9 +365,7 @@ KV_HOT int kv_small_int(PyObject *v, long long *x)
 #define KV_DICT_ENTRIES 0
 KV_HOT PyObject *kv_dict_at(PyObject *dict, Py_ssize_t pos, PyObject *name)
 {
-    (void)dict;
-    (void)pos;
-    (void)name;
+    (void)dict, (void)pos, (void)name;
     return NULL;
 }
 #endif

@@ -7,11 +7,9 @@
  *         try:    value = getattr(req.kv, attr)
  *         except AttributeError: raise AttributeError("reqs[i] has neither ...")
  *
- * How an attribute name is looked up depends on the instance's type, so it is
- * worked out once per type (a kv_layout, one kv_route per name: reqroute.h,
- * the core the writers share) and trusted for as long as the type's version
- * tag holds.  A read is a slot read at a member descriptor's offset, an
- * instance-dict probe, or the generic lookup.
+ * How a name is read is worked out once per type (a kv_layout, one route per
+ * name: reqroute.h) and trusted while the type's version tag holds: a slot at
+ * a member descriptor's offset, an instance-dict probe, or the generic lookup.
  *
  * Modes (kv_ctx.pure):
  *   KV_PURE_OFF    the reads above, Python code and all;
@@ -84,11 +82,9 @@ static inline void kv_cache_let(kv_cache *c)
     kv_gc_let(&c->cx.gc);
 }
 
-static kv_layout *kv_layout_resolve(kv_cache *c, PyTypeObject *t)
+/* t's layout made anew: in l (t's stale one), or (NULL) in the next slot. */
+static kv_layout *kv_layout_resolve(kv_cache *c, kv_layout *l, PyTypeObject *t)
 {
-    kv_layout *l = NULL;
-    for (int i = 0; i < KV_CACHE_SLOTS; i++)
-        if (c->slots[i].type == t) l = &c->slots[i]; /* a stale entry: redo it */
     if (l == NULL) {
         l = &c->slots[c->next];
         c->next = (c->next + 1) % KV_CACHE_SLOTS;
@@ -110,20 +106,14 @@ KV_HOT kv_known *kv_layout_read(kv_cache *c, kv_layout *l, int which)
     return k;
 }
 
-/* Records `pos` (where names[which] sits in a dict that holds it) as l's hint. */
-static void kv_keep_hint(kv_layout *l, int which, Py_ssize_t pos)
-{
-    kv_learned(&l->read[which], pos);
-}
-
 KV_HOT kv_layout *kv_layout_for(kv_cache *c, PyTypeObject *t)
 {
     for (int i = 0; i < KV_CACHE_SLOTS; i++)
         if (c->slots[i].type == t) {
             if (kv_route_current(t, c->slots[i].version, t)) return &c->slots[i];
-            break;
+            return kv_layout_resolve(c, &c->slots[i], t);
         }
-    return kv_layout_resolve(c, t);
+    return kv_layout_resolve(c, NULL, t);
 }
 
 /* obj.<name> (name: c->names[which]) when reading it runs no Python code and
@@ -143,11 +133,7 @@ KV_HOT PyObject *kv_read_fast(kv_cache *c, kv_layout *l, int which, PyObject *ob
             return kv_dict_at(**dictslot, r->hint, c->names[which]); /* reqroute.h */
     }
 #else
-    (void)c;
-    (void)l;
-    (void)which;
-    (void)obj;
-    (void)dictslot;
+    (void)c, (void)l, (void)which, (void)obj, (void)dictslot;
 #endif
     return NULL;
 }
@@ -180,7 +166,7 @@ static int kv_read_slow(kv_cache *c, kv_layout *l, int which, PyObject *obj,
                 if (c->cx.pure == KV_PURE_QUICK) return KV_IMPURE;
                 found = kv_dict_scan(dict, name, &v, &at);
                 if (found != 1) return found;
-                kv_keep_hint(l, which, at);
+                kv_learned(&l->read[which], at); /* l's hint, and the memo's */
                 *value = Py_NewRef(v);
                 return 1;
             }
@@ -354,14 +340,12 @@ KV_HOT int kv_req_length(kv_cache *c, PyObject *req, int which, int at,
 
 /* A scheduler's batch is requests of one class, each keeping its lengths in
  * the same place.  A run reads a stretch of them by loads alone (a slot, or
- * the instance dict's entry at its hint), with the per-type work done once,
- * from its first request: the routes (the
- * version tags checked then hold while no Python code runs, and none runs
- * here), the dict hint, req.kv's type.  What is left per request is the
- * chain of loads itself and a type compare at each link; the loop is short
- * enough for the core to have the next requests' loads in flight meanwhile.
- * A request that differs in any way ends the run, untouched: the caller
- * reads it the usual way. */
+ * the instance dict's entry at its hint), the per-type work (the routes, whose
+ * tags hold while no code runs, and none runs here; the hint; req.kv's type)
+ * done once, from its first request.  What is left per request is the chain
+ * of loads and a type compare at each link, short enough for the core to have
+ * the next requests' loads in flight.  A request that differs in any way ends
+ * the run, untouched: the caller reads it the usual way. */
 
 /* Where a run finds one value: a slot at an offset (of req, or of req.kv),
  * or req's instance-dict entry at a hint. */
@@ -441,12 +425,7 @@ static int kv_run_begin(kv_cache *c, kv_run *run, PyObject *first, int at_commit
         run->nested_slots &= run->len[k].nested && run->len[k].route == KV_ROUTE_MEMBER;
     return 1;
 #else
-    (void)c;
-    (void)run;
-    (void)first;
-    (void)at_committed;
-    (void)at_allocated;
-    (void)both;
+    (void)c, (void)run, (void)first, (void)at_committed, (void)at_allocated, (void)both;
     (void)beam;
     return 0;
 #endif
@@ -477,9 +456,9 @@ KV_HOT int kv_run_value(int beam, PyObject *v, int64_t *out)
  * hint, the lengths slots of req.kv: SGLang 0.5.19 on) with its tests
  * folded away, and every other shape.  The run's fields are copied to locals
  * first: the stores to committed[] could otherwise alias them. */
-KV_HOT Py_ssize_t kv_run_loop(const kv_run *run, PyObject *const *items, Py_ssize_t start,
-                              Py_ssize_t end, int64_t *committed, int64_t *allocated,
-                              const int usual)
+KV_HOT Py_ssize_t kv_run_loop(kv_gc *g, const kv_run *run, PyObject *const *items,
+                              Py_ssize_t start, Py_ssize_t end, int64_t *committed,
+                              int64_t *allocated, const int usual)
 {
     PyTypeObject *const rt = run->req_type, *const kt = run->kv_type;
     const kv_run_src kvs = run->kv, c = run->len[0], a = run->len[1];
@@ -489,7 +468,7 @@ KV_HOT Py_ssize_t kv_run_loop(const kv_run *run, PyObject *const *items, Py_ssiz
         PyObject *req = items[i], *dict = NULL, *kv = NULL, *v;
         if (Py_TYPE(req) != rt) break;
         if (req_dict) {
-            if ((dict = kv_dict_of(req)) == NULL) break;
+            if ((dict = kv_dict_of(g, req)) == NULL) break;
         }
         if (usual || kt != NULL) {
             kv = usual ? kv_dict_at(dict, kvs.where, kvs.name) : kv_run_get(&kvs, req, dict);
@@ -510,25 +489,18 @@ KV_HOT Py_ssize_t kv_run_loop(const kv_run *run, PyObject *const *items, Py_ssiz
 /* The values of items[start, end) into committed[] and allocated[] from
  * index 0, for as long as each request reads the way the run's first did.
  * Returns how many it read.  Runs no Python code and takes no reference;
- * collections are held off from here (the caller lets them run again before
- * code of its own). */
+ * collections are held off from any dict it builds (the caller lets them
+ * run again before code of its own). */
 static Py_ssize_t kv_run_read(kv_cache *c, const kv_run *run, PyObject *const *items,
                               Py_ssize_t start, Py_ssize_t end, int64_t *committed,
                               int64_t *allocated)
 {
 #if KV_PRIVATE
-    kv_gc_hold(&c->cx.gc);
     if (run->nested_slots)
-        return kv_run_loop(run, items, start, end, committed, allocated, 1);
-    return kv_run_loop(run, items, start, end, committed, allocated, 0);
+        return kv_run_loop(&c->cx.gc, run, items, start, end, committed, allocated, 1);
+    return kv_run_loop(&c->cx.gc, run, items, start, end, committed, allocated, 0);
 #else
-    (void)c;
-    (void)run;
-    (void)items;
-    (void)start;
-    (void)end;
-    (void)committed;
-    (void)allocated;
+    (void)c, (void)run, (void)items, (void)start, (void)end, (void)committed, (void)allocated;
     return 0;
 #endif
 }

@@ -156,9 +156,7 @@ static void kv_route_work_out(kv_route *r, PyTypeObject *t, PyObject *name, int 
         }
     }
 #else
-    (void)t;
-    (void)name;
-    (void)pure;
+    (void)t, (void)name, (void)pure;
 #endif
 }
 
@@ -231,17 +229,9 @@ static void kv_memo_keep(const kv_known *k)
 #define KV_MEMO 0
 #endif
 
-/* The one resolver: *k made what is known of name on t (the memo's entry, or
- * worked out and kept there where t has a version tag). */
-static void kv_resolve(kv_known *k, PyTypeObject *t, PyObject *name, int pure)
+/* kv_resolve's memo miss: *k worked out, kept in the memo where t has a tag. */
+static void kv_resolve_new(kv_known *k, PyTypeObject *t, PyObject *name, int pure)
 {
-#if KV_MEMO
-    kv_known *m = kv_tag_valid(t) ? kv_memo_find(t, name) : NULL;
-    if (m != NULL) {
-        *k = *m;
-        return;
-    }
-#endif
     k->name = name;
     k->hint = -1;
     kv_route_work_out(&k->route, t, name, pure);
@@ -252,6 +242,18 @@ static void kv_resolve(kv_known *k, PyTypeObject *t, PyObject *name, int pure)
 #if KV_MEMO
     if (k->type) kv_memo_keep(k);
 #endif
+}
+
+/* The one resolver: *k made what is known of name on t (the memo's entry,
+ * inline: a call's usual case; or kv_resolve_new's). */
+KV_HOT void kv_resolve(kv_known *k, PyTypeObject *t, PyObject *name, int pure)
+{
+#if KV_MEMO
+    kv_known *m = kv_tag_valid(t) ? kv_memo_find(t, name) : NULL;
+    if (m != NULL) *k = *m;
+    else
+#endif
+        kv_resolve_new(k, t, name, pure);
 }
 
 /* k's name found at pos in an instance dict: k's hint, and the memo's. */
@@ -324,9 +326,7 @@ static void kv_learn(kv_ctx *cx, kv_known *k, PyObject *dict)
     Py_ssize_t pos = kv_dict_position(dict, k->name);
     if (pos >= 0) kv_learned(k, pos);
 #else
-    (void)cx;
-    (void)k;
-    (void)dict;
+    (void)cx, (void)k, (void)dict;
 #endif
 }
 
@@ -362,7 +362,7 @@ static int kv_dict_scan(PyObject *dict, PyObject *name, PyObject **value, Py_ssi
  * (a slot, or the instance dict's entry, found without comparing a key by
  * code of its own) on a type whose getattr is the generic one and whose MRO
  * defines nothing under name.  Borrowed, or NULL with nothing set (the read
- * would need more, or finds nothing).  g holds collections off meanwhile. */
+ * would need more, or finds nothing).  g holds them off while a dict is built. */
 static PyObject *kv_plain_attr(PyObject *obj, PyObject *name, kv_gc *g)
 {
 #if KV_SHORTCUTS
@@ -370,19 +370,17 @@ static PyObject *kv_plain_attr(PyObject *obj, PyObject *name, kv_gc *g)
     kv_resolve(&k, Py_TYPE(obj), name, 1);
     if (k.route.get == KV_ROUTE_MEMBER) return kv_slot_get(&k.route, obj, name);
     if (k.route.get == KV_ROUTE_DICT) {
-        PyObject **dictptr = kv_dictptr(g, obj), *v;
+        PyObject *dict = kv_dict_of(g, obj), *v;
         Py_ssize_t at;
-        if (dictptr == NULL || *dictptr == NULL) return NULL;
-        v = kv_dict_at(*dictptr, k.hint, name);
+        if (dict == NULL) return NULL;
+        v = kv_dict_at(dict, k.hint, name);
         if (v != NULL) return v;
-        if (kv_dict_scan(*dictptr, name, &v, &at) != 1) return NULL;
+        if (kv_dict_scan(dict, name, &v, &at) != 1) return NULL;
         kv_learned(&k, at);
         return v;
     }
 #else
-    (void)obj;
-    (void)name;
-    (void)g;
+    (void)obj, (void)name, (void)g;
 #endif
     return NULL;
 }

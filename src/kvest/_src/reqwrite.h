@@ -6,19 +6,11 @@
  *     obj.<name> = max(obj.<name>, value)    (kw_max_path; obj re-read for the store)
  *
  * where obj is req.<path[0]>...<path[-2]>, read afresh for each statement.
- *
- * Every attribute read is getattr(obj, name) and every write setattr(obj,
- * name, value): each one goes the route CPython's generic getattr/setattr
- * would take (reqroute.h, the route core the readers share), and takes a
- * shortcut (a slot at its offset, an instance-dict entry) only where that
- * route is proven.  A miss on a shortcut (no instance dict, the name not in
- * it, an unset slot) falls back to the generic call, which then raises what
- * Python raises.  The route is worked out once per path step and type, and
- * trusted only while the type's version tag is the one it was worked out
- * under; it is checked right before every read and every write, so Python
- * code run in between (an __add__, a property) can never leave a stale route
- * in use.  No int object is ever changed: a sum is a new int, as CPython's
- * `+=` makes it.
+ * Every read and write goes the route CPython's generic getattr/setattr would
+ * (reqroute.h), checked right before each use, so code run in between (an
+ * __add__, a property) never leaves a stale route in use; a shortcut that
+ * misses falls back to the generic call, which raises what Python raises.  No
+ * int object is ever changed: a sum is a new int, as CPython's `+=` makes it.
  *
  * Pure mode (kv_ctx.pure, the writers' pure=True): every read is one that
  * runs no code of the caller's (a slot, an instance-dict entry found without
@@ -26,6 +18,8 @@
  * before anything is written: each owner read so, each value an exact int in
  * int64, each store a slot or a dict whose keys are all exact str.  Only then
  * do the writes run, and they run nothing of the caller's and raise nothing.
+ * (max's usual case is checked as it is written, every store taken back at
+ * the first pair that is not: kw_max_all_quick.)
  */
 #ifndef KVEST_REQWRITE_H
 #define KVEST_REQWRITE_H
@@ -58,18 +52,16 @@ static inline void kv_known_init(kv_known *s, PyObject *name)
     s->hint = -1;
 }
 
-static inline void kw_route(const kv_ctx *cx, kv_known *s, PyTypeObject *t)
+static void kw_resolve(const kv_ctx *cx, kv_known *s, PyTypeObject *t)
 {
-    if (!kv_route_current(s->type, s->version, t)) kv_resolve(s, t, s->name, cx->pure);
+    kv_resolve(s, t, s->name, cx->pure);
 }
 
-#if KV_SHORTCUTS
-/* dict's value for s->name when it sits at s's hint (borrowed), else NULL. */
-static inline PyObject *kw_at_hint(const kv_known *s, PyObject *dict)
+/* s's route made current for t: the check inline, each use; the resolve not. */
+KV_HOT void kw_route(const kv_ctx *cx, kv_known *s, PyTypeObject *t)
 {
-    return kv_dict_at(dict, s->hint, s->name); /* reqroute.h */
+    if (!kv_route_current(s->type, s->version, t)) kw_resolve(cx, s, t);
 }
-#endif
 
 /* getattr(obj, s->name): a new reference, or NULL with the exception set --
  * or, in pure mode, NULL with nothing set when the read would need code of
@@ -85,7 +77,7 @@ static inline PyObject *kw_get(kv_ctx *cx, kv_known *s, PyObject *obj, int *pure
     } else if (s->route.get == KV_ROUTE_DICT) {
         PyObject **dictptr = kv_dictptr(&cx->gc, obj);
         if (dictptr != NULL && *dictptr != NULL) {
-            PyObject *dict = *dictptr, *v = kw_at_hint(s, dict);
+            PyObject *dict = *dictptr, *v = kv_dict_at(dict, s->hint, s->name);
             if (v != NULL) return Py_NewRef(v);
             if (cx->pure) {
                 Py_ssize_t at;
@@ -310,8 +302,8 @@ KV_HOT PyObject **kw_quick_slot(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObj
         if (s->route.get == KV_ROUTE_MEMBER) {
             next = kv_slot_get(&s->route, obj, s->name);
         } else if (s->route.get == KV_ROUTE_DICT) {
-            PyObject **dictptr = kv_dictptr(&cx->gc, obj);
-            if (dictptr != NULL && *dictptr != NULL) next = kw_at_hint(s, *dictptr);
+            PyObject *dict = kv_dict_of(&cx->gc, obj); /* (a read: nothing allocated) */
+            if (dict != NULL) next = kv_dict_at(dict, s->hint, s->name);
         }
         if (next == NULL) return NULL;
         obj = next;
@@ -324,11 +316,7 @@ KV_HOT PyObject **kw_quick_slot(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObj
     *owner = obj;
     return slot;
 #else
-    (void)cx;
-    (void)steps;
-    (void)n;
-    (void)req;
-    (void)owner;
+    (void)cx, (void)steps, (void)n, (void)req, (void)owner;
     return NULL;
 #endif
 }
@@ -379,14 +367,18 @@ static inline PyObject *kw_max(kv_ctx *cx, PyObject *cur, PyObject *v, int *pure
     return Py_NewRef(gt ? v : cur);
 }
 
+/* A store kw_max_path_quick made, to be taken back: the slot, and the int it held. */
+typedef struct { PyObject **slot, *old; } kw_kept;
+
 /* kw_max_path's common case, taking no reference and running no Python code:
  * the slot as kw_add_path_quick finds it, its int and v one-digit exact ints
  * (compared without a call).  Returns 1 when the statement is done (v stored
- * where it is the greater, the old int released: its release runs nothing;
- * else max() gave the slot's own int, and storing it back changes nothing),
- * 0 with nothing changed (kw_max_path then runs). */
-static inline int kw_max_path_quick(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
-                                    PyObject *v)
+ * where it is the greater, the old int released -- its release runs nothing
+ * -- or, with `kept`, handed over there; else max() gave the slot's own int,
+ * and storing it back changes nothing), 0 with nothing changed (kw_max_path
+ * then runs). */
+KV_HOT int kw_max_path_quick(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObject *req,
+                             PyObject *v, kw_kept *kept)
 {
     PyObject *owner = NULL, **slot, *cur;
     long long a, b;
@@ -396,7 +388,8 @@ static inline int kw_max_path_quick(kv_ctx *cx, kv_known *steps, Py_ssize_t n, P
     if (b > a) {
         cur = *slot;
         *slot = Py_NewRef(v);
-        kv_release(&cx->gc, cur);
+        if (kept == NULL) kv_release(&cx->gc, cur);
+        else *kept = (kw_kept){slot, cur};
     }
     return 1;
 }
@@ -589,6 +582,46 @@ static Py_ssize_t kw_check_max(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_
     return -1;
 }
 
+/* Whether seq (an exact list or tuple) holds one-digit exact ints alone. */
+static int kw_small_ints(PyObject *seq)
+{
+    long long x;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++)
+        if (!PyLong_CheckExact(PySequence_Fast_ITEMS(seq)[i])
+            || !kv_small_int(PySequence_Fast_ITEMS(seq)[i], &x)) return 0;
+    return 1;
+}
+
+/* Pure mode's usual case in one pass: every pair of reqs and values (exact
+ * lists or tuples of one size) done by kw_max_path_quick, which runs no code,
+ * the ints replaced kept till the end.  1 when every pair was; else 0 with each
+ * store taken back, last first: each slot holds the very int it held. */
+static int kw_max_all_quick(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *steps,
+                            Py_ssize_t n)
+{
+    enum { KEPT_SMALL = 64 };
+    kw_kept small[KEPT_SMALL], *kept = small;
+    PyObject *const *r = PySequence_Fast_ITEMS(reqs), *const *v = PySequence_Fast_ITEMS(values);
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(reqs), done = 0, k = 0;
+#ifdef Py_GIL_DISABLED
+    return 0; /* another thread may change the lists: items by reference only */
+#endif
+    if (size != PySequence_Fast_GET_SIZE(values)) return 0;
+    if (size > KEPT_SMALL && (kept = PyMem_Malloc(size * sizeof(kw_kept))) == NULL) return 0;
+    for (; done < size; done++) {
+        kept[k].slot = NULL;
+        if (!kw_max_path_quick(cx, steps, n, r[done], v[done], &kept[k])) break;
+        k += kept[k].slot != NULL;
+    }
+    for (Py_ssize_t i = k - 1; i >= 0; i--) { /* (exact ints: their release runs nothing) */
+        PyObject *drop = done < size ? *kept[i].slot : kept[i].old;
+        if (done < size) *kept[i].slot = kept[i].old;
+        Py_DECREF(drop);
+    }
+    if (kept != small) PyMem_Free(kept);
+    return done == size;
+}
+
 /* for req, v in zip(reqs, values, strict=strict): req.<path> = max(req.<path>, v)
  * with zip's own order of calls and its own errors. */
 static int kw_max_all(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *steps,
@@ -618,7 +651,7 @@ static int kw_max_all(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *st
                                 : PyTuple_GET_ITEM(reqs, pos_reqs);
                 v = values_list ? PyList_GET_ITEM(values, pos_values)
                                 : PyTuple_GET_ITEM(values, pos_values);
-                if (!kw_max_path_quick(cx, steps, n, req, v)) break;
+                if (!kw_max_path_quick(cx, steps, n, req, v, NULL)) break;
                 pos_reqs++;
                 pos_values++;
             }
@@ -648,7 +681,8 @@ static int kw_max_all(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *st
             rc = (got < 0 || strict) ? -1 : 0;
             break;
         }
-        if (!kw_max_path_quick(cx, steps, n, req, v)) rc = kw_max_path(cx, steps, n, req, v);
+        if (!kw_max_path_quick(cx, steps, n, req, v, NULL))
+            rc = kw_max_path(cx, steps, n, req, v);
         kv_release(&cx->gc, req);
         kv_release(&cx->gc, v);
         if (rc < 0) break;

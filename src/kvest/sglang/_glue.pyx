@@ -1,11 +1,10 @@
 # cython: language_level=3, boundscheck=True, wraparound=False, binding=False
 """The SGLang glue's compiled half: what a rewritten SGLang function calls on
-every decode step, at every batch size.  In Python the glue's own call, checks
-and counting cost more than upstream's loop over a few requests
-(kvest.sglang.glue); here they cost a builtin method's call, which CPython
-specialises (binding=False), as it does not a cyfunction's.  Each glue answers exactly
-as its Python twin in kvest.sglang.glue does, and counts as
-kvest.sglang.monitor.Spot says.  The kernels are kvest._reqs' (its .pxd)."""
+every decode step.  In Python the glue's own call, checks and counting cost
+more than upstream's loop over a few requests; here, a builtin method's call,
+which CPython specialises (binding=False), as it does not a cyfunction's.  Each
+glue answers as its twin in kvest.sglang.glue, and counts as
+kvest.sglang.monitor.Spot says; the kernels are kvest._reqs' (its .pxd)."""
 
 cimport cython
 cimport numpy as cnp
@@ -59,9 +58,8 @@ def _small_reqs(owner, Py_ssize_t below):
 
 def _exact_ints(values):
     """Whether ``values`` is an exact list or tuple of exact ints: iterating it
-    and comparing its items with ints runs no Python code (the SGLang glue of
-    ``max(req.kv.kv_allocated_len, v)``: code run mid-loop could rebind the
-    ``max`` upstream's loop looks up again on every pass)."""
+    and using its items as list indices runs no Python code (the selection's
+    rule: kvest.sglang.glue's ``_plain_indices``)."""
     cdef Py_ssize_t i, n
     cdef PyObject **items
     if type(values) is not list and type(values) is not tuple:
@@ -132,10 +130,7 @@ cdef class _Glue:
     cdef object declined, state, first_call, builtin
     cdef bint announced  # the status line is out: no need to look again
     cdef Job job  # the last (page size, reserve)'s, made ready (_glue_job) once
-    cdef int64_t job_p, job_r  # job_p 0: none kept yet
-
-    def __cinit__(self):
-        self.job_p = 0
+    cdef int64_t job_p, job_r  # job_p 0 (as a new object's fields are): none kept yet
 
     def __init__(self, declined, state, first_call, builtin):
         self.declined = declined
@@ -162,6 +157,14 @@ cdef class _Glue:
             self.job, self.job_p, self.job_r = job[0], p, r
         return 0
 
+    cdef inline bint _walked(self, Job *job, object reqs) except -1:
+        """Whether the kernel walked reqs (else upstream's statement raises its own)."""
+        try:
+            _walk_all(job, reqs)
+        except Exception:
+            return False
+        return True
+
 
 cdef class _DecodeCountGlue(_Glue):
     """``n = sum(1 for r in requests if <C> % page_size == 0)``: the Python
@@ -182,15 +185,10 @@ cdef class _DecodeCountGlue(_Glue):
                 and type(page_size) is int):
             p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
             if overflow == 0 and p >= 1:
-                try:
-                    self._job(&job, DECODE, p, 0, self.layout)
-                    _walk_all(&job, requests)
-                except Exception:
-                    pass  # upstream's statement raises its own exception
-                else:
-                    # (the kernel answers in tokens, which must fit int64)
-                    if job.count <= <uint64_t>(INT64_MAX // p):
-                        return job.count
+                self._job(&job, DECODE, p, 0, self.layout)
+                # (the kernel answers in tokens, which must fit int64)
+                if self._walked(&job, requests) and job.count <= <uint64_t>(INT64_MAX // p):
+                    return job.count
         return self.declined
 
 
@@ -212,13 +210,8 @@ cdef class _BeamTailGlue(_Glue):
             reqs = _own_attr(owner, _REQS, None)
             if type(reqs) is list:
                 job = self.job
-                try:
-                    _walk_all(&job, reqs)
-                except Exception:
-                    pass  # upstream's loop raises its own exception
-                else:
-                    if job.count == 0:
-                        return None
+                if self._walked(&job, reqs) and job.count == 0:
+                    return None
         return self.declined
 
 

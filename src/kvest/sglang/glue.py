@@ -383,19 +383,21 @@ def make_max_allocated_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     """``for req, v in zip(reqs, values, strict=True): req.kv.kv_allocated_len =
     max(req.kv.kv_allocated_len, v)`` (semantics as above; ``zip`` and ``max``
     must be the builtins).  Upstream's loop looks ``max`` up again on every
-    pass, kvest's writer once: so the requests must be an exact list or tuple
-    and the values one of exact ints (:func:`exact_ints`), whose iteration and
-    comparisons run no code that could rebind ``max`` in the middle of the
-    loop; anything else is upstream's loop's, declined before any write."""
+    pass, kvest's writer once: so it writes in pure mode, where no code of the
+    caller's runs (no property, no comparison of a value's own, no finalizer)
+    that could rebind ``max`` in the middle of the loop; a call pure mode
+    refuses is upstream's loop's, declined before any write."""
     raise_to = kvest.max_into_attr
 
     def max_allocated_loop(reqs: Any, values: Any, zip_: Any, max_: Any) -> Any:
         if not _STATE.announced:
             _first_call()
-        if zip_ is not _ZIP or max_ is not _MAX or type(reqs) not in _SEQUENCES \
-                or not exact_ints(values):
-            return DECLINED  # (before any write)
-        raise_to(reqs, _ALLOCATED, values, strict=True)  # (it never hands back once started)
+        if zip_ is not _ZIP or max_ is not _MAX:
+            return DECLINED
+        try:
+            raise_to(reqs, _ALLOCATED, values, strict=True, pure=True)
+        except kvest.ImpureRequest:
+            return DECLINED  # (raised before any write)
         return None
 
     return _commits(max_allocated_loop)

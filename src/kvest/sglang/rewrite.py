@@ -376,10 +376,26 @@ def _seen(value: ast.expr) -> ast.stmt:
     return ast.Assign([ast.Name(_SEEN, ast.Store())], value)
 
 
-def _seen_kernel() -> ast.stmt:
+def _seen_kernel(alone: bool) -> ast.stmt:
     """``__kvest_seen__ = __kvest_seen__ or 1``: a kernel answered, unless a
-    decline already made the call a fallback."""
+    decline already made the call a fallback; ``= 1`` where the statement is
+    ``alone`` (the function's one swap, run at most once a call: nothing can
+    have set it before)."""
+    if alone:
+        return _seen(ast.Constant(_KERNEL))
     return _seen(ast.BoolOp(ast.Or(), [ast.Name(_SEEN, ast.Load()), ast.Constant(_KERNEL)]))
+
+
+_REPEATING = (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef,
+              ast.Lambda, ast.ClassDef)
+
+
+def _runs_once(fn: ast.FunctionDef, stmt: ast.stmt) -> bool:
+    """Whether ``stmt`` runs at most once a call of ``fn``: no loop (nor a
+    nested scope) of ``fn``'s holds it."""
+    return stmt is fn or not any(
+        stmt in ast.walk(outer) for outer in ast.walk(fn)
+        if isinstance(outer, _REPEATING) and outer is not fn and outer is not stmt)
 
 
 def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types.FunctionType:
@@ -387,6 +403,7 @@ def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types
     docstring); with ``counter`` (a :class:`kvest.sglang.monitor.Spot`), each
     call's outcome counted once into its tally, when the call ends."""
     fn = analysis.fn
+    alone = len(swaps) == 1 and _runs_once(analysis.node, swaps[0].found.stmt)
     node = copy.deepcopy(analysis.node)
     node.decorator_list = []  # already applied to the function running; not re-run
     cells: dict[str, Any] = {"__kvest_declined__": DECLINED}
@@ -428,9 +445,9 @@ def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types
                 declined.insert(0, _seen(ast.Constant(_FALLBACK)))
                 if getattr(swap.glue, "kvest_commits", False):
                     # (a writer: once it starts it is the answer, exception or not)
-                    first = [_seen_kernel()]
+                    first = [_seen_kernel(alone)]
                 else:
-                    answer.insert(0, _seen_kernel())
+                    answer.insert(0, _seen_kernel(alone))
             test = ast.Compare(ast.Name(result, ast.Load()), [ast.Is()],
                                [ast.Name("__kvest_declined__", ast.Load())])
             orelse = answer
