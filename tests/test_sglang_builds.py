@@ -37,8 +37,8 @@ def test_every_kind_kvest_installs_has_each_builds_figures():
         for build, cost in kind.costs.items():
             # left to upstream exactly where kvest is below upstream at no size
             assert bool(kind.slower(build)) == (cost.below is None), (kind.name, build)
-            if cost.below is None:
-                assert cost.kvest > cost.upstream, (kind.name, build)
+            if cost.below is None:  # (else it says why, with its own figures)
+                assert cost.kvest > cost.upstream or cost.why, (kind.name, build)
 
 
 def test_the_installed_build_decides(monkeypatch):

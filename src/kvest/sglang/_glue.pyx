@@ -14,7 +14,6 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.object cimport PyObject, PyTypeObject
 from libc.stdint cimport INT64_MAX, int64_t, uint64_t
 
-from kvest._common cimport _count
 from kvest._reqs cimport (
     BEAM_GROUPS,
     DECODE,
@@ -40,6 +39,12 @@ cdef extern from "fence.h":
 
 
 cdef str _REQS = "reqs"
+cdef str _CEIL_DIV = "ceil_div"
+
+
+cdef extern from "Python.h":
+    PyObject *PyDict_GetItem(object d, object key)  # borrowed, or NULL; raises nothing
+    PyObject *PyFunction_GetCode(object f)  # borrowed
 
 
 def _small_list(obj, Py_ssize_t below):
@@ -222,7 +227,8 @@ cdef class _SpecV2TotalGlue(_Glue):
     helpers must still be the functions kvest proved the pattern with, their
     code unreplaced (an autoreload keeps a function's identity)."""
 
-    cdef object layout, factor, ceil_align, ceil_div, align_code, div_code
+    cdef object layout, ceil_align, ceil_div, align_code, div_code
+    cdef int64_t factor
     cdef dict home
 
     def __init__(self, declined, state, first_call, builtin, layout, factor, ceil_align,
@@ -238,21 +244,19 @@ cdef class _SpecV2TotalGlue(_Glue):
         cdef int64_t p, r
         cdef int overflow = 0
         self._announce()
+        # (the helpers' checks in C: a dict lookup and two fields, no method call)
         if (max_ is self.builtin and ceil_align_ is self.ceil_align
-                and self.home.get("ceil_div") is self.ceil_div
-                and self.ceil_align.__code__ is self.align_code
-                and self.ceil_div.__code__ is self.div_code
+                and PyDict_GetItem(self.home, _CEIL_DIV) == <PyObject *>self.ceil_div
+                and PyFunction_GetCode(self.ceil_align) == <PyObject *>self.align_code
+                and PyFunction_GetCode(self.ceil_div) == <PyObject *>self.div_code
                 and type(total) is int and (type(requests) is list or type(requests) is tuple)
                 and type(page_size) is int and type(reserve) is int):
             p = PyLong_AsLongLongAndOverflow(page_size, &overflow)
-            if overflow == 0 and p >= 1 and reserve >= 0:
-                try:
-                    r = _count(self.factor * reserve, "reserve", 0)
-                    self._job(&job, SPEC_V2, p, r, self.layout)
-                    _walk_all(&job, requests)
-                except Exception:
-                    pass  # upstream's loop raises its own exception
-                else:
+            r = PyLong_AsLongLongAndOverflow(reserve, &overflow) if overflow == 0 else -1
+            # (factor times the reserve in int64, as upstream's ints hold it)
+            if overflow == 0 and p >= 1 and 0 <= r <= INT64_MAX // self.factor:
+                self._job(&job, SPEC_V2, p, self.factor * r, self.layout)
+                if self._walked(&job, requests):
                     return total + job.tokens
         return self.declined
 
