@@ -8,6 +8,7 @@ kvest.sglang.monitor.Spot says; the kernels are kvest._reqs' (its .pxd)."""
 
 cimport cython
 cimport numpy as cnp
+from cpython.dict cimport PyDict_GetItem  # (borrowed, or NULL; raises nothing)
 from cpython.list cimport PyList_GET_SIZE
 from cpython.sequence cimport PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
 from cpython.long cimport PyLong_AsLongLongAndOverflow
@@ -43,7 +44,6 @@ cdef str _CEIL_DIV = "ceil_div"
 
 
 cdef extern from "Python.h":
-    PyObject *PyDict_GetItem(object d, object key)  # borrowed, or NULL; raises nothing
     PyObject *PyFunction_GetCode(object f)  # borrowed
 
 
