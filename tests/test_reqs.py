@@ -783,6 +783,19 @@ def test_plan_out_buffers_and_int32_overflow(impl):
     assert unaligned.nxt.tolist() == [164] and unaligned.num_pages * 16 == 80
 
 
+@pytest.mark.parametrize("impl", IMPLS, ids=IMPL_IDS)
+@pytest.mark.parametrize("n", [3, 2047, 2048, 4096])
+def test_int32_plan_overflow_names_the_request(impl, n):
+    """Whichever walk a batch's size picks, an int32 row that does not fit
+    names the request it came from, beside the row it was for."""
+    reqs = [TinyNested(5, 8) for _ in range(n)]
+    reqs[n // 2] = TinyNested(2**31 - 10, 2**31 + 5)
+    with pytest.raises(OverflowError, match=rf"^reqs\[{n // 2}\]: out\[0\]\[{n // 2}\] "):
+        impl.decode_alloc_plan_from_reqs(reqs, 16, 64, dtype="int32")
+    with pytest.raises(OverflowError, match=rf"^reqs\[{n // 2}\]: out\[0\]\[1\] "):
+        impl.decode_alloc_plan_from_reqs(reqs, 16, 64, [0, n // 2], dtype="int32")
+
+
 def test_bad_request_messages_name_the_position():
     for impl in IMPLS:
         with pytest.raises(AttributeError, match=r"reqs\[1\]"):

@@ -24,7 +24,7 @@ NEW_SHAPE = {
     "hotspots": {
         "new_tokens_required_next_decode": {
             "state": "replaced", "patterns": ["decode_count/nested"], "notes": [],
-            "calls": 17, "kernel": 12, "fallbacks": 2, "upstream": 3,
+            "calls": 17, "kernel": 12, "fallbacks": 2, "upstream": 3, "failures": 1,
             "shadow": {"compared": 0, "mismatches": 0},
         },
         "get_num_new_pages": {
@@ -37,10 +37,11 @@ NEW_SHAPE = {
 def test_counters_read_the_status_shape():
     spot = NEW_SHAPE["hotspots"]
     assert metrics._counters(spot["new_tokens_required_next_decode"]) == {
-        "kernel": 12, "fallback": 2, "upstream": 3, "compared": 0, "mismatches": 0}
+        "kernel": 12, "fallback": 2, "upstream": 3, "failures": 1, "compared": 0,
+        "mismatches": 0}
     assert metrics._counters(spot["get_num_new_pages"])["compared"] == 9
     assert metrics._counters({}) == dict.fromkeys(
-        ("kernel", "fallback", "upstream", "compared", "mismatches"), 0)
+        ("kernel", "fallback", "upstream", "failures", "compared", "mismatches"), 0)
     assert metrics._counters({"kernel": None, "fallbacks": "x", "shadow": {}})["kernel"] == 0
 
 
@@ -87,6 +88,8 @@ def test_exported_with_exact_values_and_labels(multiproc):
         calls(estimate, "upstream"): 3.0,
         calls(pages, "kernel"): 0.0, calls(pages, "fallback"): 0.0,
         calls(pages, "upstream"): 0.0,
+        ("kvest_kernel_failures_total", (("hotspot", estimate),)): 1.0,
+        ("kvest_kernel_failures_total", (("hotspot", pages),)): 0.0,
         shadow("comparisons", estimate): 0.0, shadow("mismatches", estimate): 0.0,
         shadow("comparisons", pages): 9.0, shadow("mismatches", pages): 2.0,
         mode("on"): 1.0, mode("shadow"): 0.0, mode("off"): 0.0, mode("audit"): 0.0,
@@ -102,7 +105,7 @@ def test_each_increase_counted_once(multiproc):
     assert metrics.start(status, scheduler=True)  # first sync
     assert metrics.sync()  # nothing new: nothing added
     assert read_back(multiproc)[calls(estimate, "kernel")] == 12.0
-    status.bump(estimate, kernel=5, fallbacks=1)
+    status.bump(estimate, kernel=5, fallbacks=1, failures=2)
     status.bump(pages, compared=4, mismatches=1)
     assert metrics.sync()
     assert metrics.sync()
@@ -110,6 +113,7 @@ def test_each_increase_counted_once(multiproc):
     assert got[calls(estimate, "kernel")] == 17.0
     assert got[calls(estimate, "fallback")] == 3.0
     assert got[calls(estimate, "upstream")] == 3.0
+    assert got[("kvest_kernel_failures_total", (("hotspot", estimate),))] == 3.0
     assert got[shadow("comparisons", pages)] == 13.0
     assert got[shadow("mismatches", pages)] == 3.0
     # The in-process counters start again (a new patch): what they count since is added.

@@ -35,7 +35,7 @@ SPEC_V2 = "_new_tokens_required_next_decode_spec_v2"
 TOP_KEYS = {"kvest", "implementation", "sglang", "mode", "reason", "scheduler", "hotspots",
             "audit"}
 SPOT_KEYS = {"state", "reason", "patterns", "notes", "calls", "kernel", "fallbacks", "upstream",
-             "shadow"}
+             "failures", "first_failure", "shadow"}
 SHADOW_KEYS = {"compared", "mismatches", "kvest_us", "upstream_us", "ratio", "first_mismatch"}
 
 

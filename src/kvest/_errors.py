@@ -137,7 +137,7 @@ def plan_reqs_overflow(pos: int, row: int, c: int, a: int, p: int, r: int, align
         return int64_overflow(f"reqs[{pos}]: ceil_align", value)
     if what in ("cur", "nxt"):
         out = 0 if what == "cur" else 1
-        return OverflowError(f"out[{out}][{row}] = {value} does not fit its dtype")
+        return OverflowError(f"reqs[{pos}]: out[{out}][{row}] = {value} does not fit its dtype")
     if what == "tokens":
         return int64_overflow("num_tokens", value)
     return None

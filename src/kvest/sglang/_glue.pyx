@@ -133,6 +133,9 @@ cdef class _Glue:
     on one glue share nothing that a call changes."""
 
     cdef object declined, state, first_call, builtin
+    # failed(error, args): told of every exception the kernel raised (glue.py's
+    # _hooked: kvest.sglang.monitor.kernel_failed counts those no decline)
+    cdef public object failed
     cdef bint announced  # the status line is out: no need to look again
     cdef Job job  # the last (page size, reserve)'s, made ready (_glue_job) once
     cdef int64_t job_p, job_r  # job_p 0 (as a new object's fields are): none kept yet
@@ -166,9 +169,15 @@ cdef class _Glue:
         """Whether the kernel walked reqs (else upstream's statement raises its own)."""
         try:
             _walk_all(job, reqs)
-        except Exception:
+        except Exception as error:
+            self._failed(error, (reqs,))
             return False
         return True
+
+    cdef int _failed(self, object error, tuple args) except -1:
+        if self.failed is not None:
+            self.failed(error, args)
+        return 0
 
 
 cdef class _DecodeCountGlue(_Glue):
@@ -355,7 +364,7 @@ cdef class _AllocLensGlue(_Glue):
                     if job.row == m:
                         self.tally.kernel += 1
                         return cur_out, nxt_out, job.tokens
-        except Exception:
-            pass  # upstream's function raises its own exception
+        except Exception as error:  # upstream's function raises its own exception
+            self._failed(error, (reqs, page_size, reserve))
         self.tally.fallbacks += 1
         return self.declined

@@ -69,6 +69,7 @@ _itemgetter = operator.itemgetter
 _INT_LIMITS = {np.dtype(np.int64): 2**63 - 1, np.dtype(np.int32): 2**31 - 1}
 
 _STATE = monitor.STATE
+_failed = monitor.kernel_failed  # (a decline is nothing more; anything else is counted)
 _UPSTREAM, _KERNEL, _FALLBACK = monitor.UPSTREAM, monitor.KERNEL, monitor.FALLBACK
 
 
@@ -87,6 +88,13 @@ if kvest.IMPLEMENTATION == "cython":
                  _reqs.beam_groups_from_reqs: _glue._BeamTailGlue,
                  _reqs.decode_alloc_plan_from_reqs: _glue._AllocLensGlue}
     _GLOBALS_RESOLVE = _glue._globals_resolve
+
+
+def _hooked(glue: Any, name: str, kernel: Any) -> Callable[..., Any]:
+    """A compiled glue's ``run``, the glue told where its kernel's exceptions
+    go (:func:`kvest.sglang.monitor.kernel_failed`, which counts a failure)."""
+    glue.failed = functools.partial(_failed, name, kernel)
+    return glue.run
 
 
 def _sized(glue: Callable[..., Any], below: int) -> Callable[..., Any]:
@@ -122,7 +130,7 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
     layout, below = pattern.layout, _below(pattern.kind)
     compiled = _COMPILED.get(kernel)
     if compiled is not None and not below:
-        return compiled(DECLINED, _STATE, _first_call, _SUM, layout).run
+        return _hooked(compiled(DECLINED, _STATE, _first_call, _SUM, layout), name, kernel)
 
     def decode_count(requests: Any, page_size: Any, sum_: Any) -> int:
         if not _STATE.announced:
@@ -133,8 +141,8 @@ def make_decode_count(pattern: Pattern, name: str, checked: dict[str, Any]
                 and page_size >= 1:
             try:
                 tokens = kernel(requests, page_size, layout=layout, exact_ints=True, pure=True)
-            except Exception:
-                pass
+            except Exception as error:
+                _failed(name, kernel, error, (requests, page_size))
             else:
                 return tokens // page_size
         return DECLINED
@@ -165,8 +173,8 @@ def make_select_requests(pattern: Pattern, name: str, checked: dict[str, Any]
                     chosen = (list(_itemgetter(*selected)(reqs)) if n > 1
                               else [reqs[selected[0]]] if n else [])
                     return chosen
-            except Exception:
-                pass  # upstream's comprehension raises its own exception
+            except Exception as error:  # upstream's comprehension raises its own
+                _failed(name, _itemgetter, error, (selected,))
         return DECLINED
 
     return select_requests
@@ -257,8 +265,8 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
     below = _below(pattern.kind)
     compiled = _COMPILED.get(kernel)
     if compiled is not None and not below:
-        return compiled(DECLINED, _STATE, _first_call, _MAX, layout, factor, ceil_align,
-                        ceil_div).run
+        return _hooked(compiled(DECLINED, _STATE, _first_call, _MAX, layout, factor, ceil_align,
+                                ceil_div), name, kernel)
 
     def spec_v2_total(total: Any, requests: Any, page_size: Any, reserve: Any, max_: Any,
                       ceil_align_: Any) -> int:
@@ -274,8 +282,8 @@ def make_spec_v2_total(pattern: Pattern, name: str, checked: dict[str, Any]
             try:
                 tokens = kernel(requests, page_size, factor * reserve, layout=layout,
                                 exact_ints=True, pure=True)
-            except Exception:
-                pass
+            except Exception as error:
+                _failed(name, kernel, error, (requests, page_size, reserve))
             else:
                 return total + tokens
         return DECLINED
@@ -296,8 +304,8 @@ def make_beam_rows(pattern: Pattern, name: str, checked: dict[str, Any]) -> Call
         if sum_ is _SUM and type(reqs) in _SEQUENCES:
             try:
                 rows = kernel(reqs, exact_ints=True, pure=True)
-            except Exception:
-                pass
+            except Exception as error:
+                _failed(name, kernel, error, (reqs,))
             else:
                 return rows
         return DECLINED
@@ -327,8 +335,8 @@ def make_alloc_lens_loop(pattern: Pattern, name: str, checked: dict[str, Any]
             try:
                 plan = kernel(reqs, page_size, reserve, page_aligned=True, layout=layout,
                               exact_ints=True, pure=True)
-            except Exception:
-                pass
+            except Exception as error:
+                _failed(name, kernel, error, (reqs, page_size, reserve))
             else:
                 if len(plan.cur) == len(cur):  # the requests did not change meanwhile
                     cur[:] = plan.cur.tolist()
@@ -424,7 +432,7 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
     below = _below(pattern.kind)
     compiled = _COMPILED.get(kernel)
     if compiled is not None and not below:
-        return compiled(DECLINED, _STATE, _first_call, _ENUMERATE).run
+        return _hooked(compiled(DECLINED, _STATE, _first_call, _ENUMERATE), name, kernel)
 
     def beam_tail_loop(owner: Any, enumerate_: Any) -> Any:
         if not _STATE.announced:
@@ -434,8 +442,8 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
             if type(reqs) is list:
                 try:
                     groups = kernel(reqs, pure=True)
-                except Exception:
-                    pass  # upstream's loop raises its own exception
+                except Exception as error:  # upstream's loop raises its own
+                    _failed(name, kernel, error, (reqs,))
                 else:
                     if groups == 0:
                         return None
@@ -515,7 +523,8 @@ def make_num_new_pages(original: Callable[..., Any], pattern: Pattern, tensor: t
                                     _at_most(seq, limit - page_size + 1)
                                     and _at_most(prefix, prefix_limit - page_size + 1))):
                             answer = pages(seq, page_size, prefix)
-        except Exception:
+        except Exception as error:
+            _failed(name, pages, error, (seq_lens, page_size, prefix_lens, decode))
             answer = _NOTHING
         if answer is not _NOTHING:
             count(_KERNEL)  # (the call's one decision: counted once, here)
@@ -530,7 +539,7 @@ def _at_most(values: np.ndarray, bound: int) -> bool:
     return values.size == 0 or int(values.max()) <= bound
 
 
-def _lists_twin(plan: Callable[..., Any]) -> Callable[..., Any]:
+def _lists_twin(plan: Callable[..., Any], name: str) -> Callable[..., Any]:
     """The int32 callers' alloc lens below ``lists_below`` as upstream's lists,
     through ``plan`` (``_glue._AllocLensGlue.run``'s small batches, in Python)."""
 
@@ -538,7 +547,8 @@ def _lists_twin(plan: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = plan(reqs, page_size, reserve, page_aligned=True, layout=layout,
                           exact_ints=True, pure=True)
-        except Exception:
+        except Exception as error:
+            _failed(name, plan, error, (reqs, page_size, reserve))
             return None
         return result.cur.tolist(), result.nxt.tolist(), result.num_tokens
 
@@ -561,12 +571,12 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
     layout, resolves = pattern.layout, _resolver(original, pattern)
     below, count = _below(pattern.kind), tally.count
     lists_below = KINDS[pattern.kind].lists_below
-    lists = _lists_twin(plan)
+    lists = _lists_twin(plan, name)
     compiled = _COMPILED.get(plan)
     namespace, names, expected = _resolution(original, pattern)
     if compiled is not None and not below and type(namespace) is dict:
-        run = compiled(tally, DECLINED, _STATE, _first_call, namespace, names, expected,
-                       _NOTHING, layout, lists_below).run
+        run = _hooked(compiled(tally, DECLINED, _STATE, _first_call, namespace, names,
+                               expected, _NOTHING, layout, lists_below), name, plan)
 
         def alloc_lens(reqs: Any, *, reserve: Any, page_size: Any) -> Any:
             answer = run(reqs, reserve, page_size)  # (counts the call)
@@ -594,8 +604,8 @@ def make_alloc_lens_int32(original: Callable[..., Any], pattern: Pattern, name: 
                 try:
                     result = plan(reqs, page_size, reserve, page_aligned=True, dtype=int32,
                                   layout=layout, exact_ints=True, pure=True)
-                except Exception:
-                    pass
+                except Exception as error:
+                    _failed(name, plan, error, (reqs, page_size, reserve))
                 else:
                     count(_KERNEL)
                     return result.cur, result.nxt, result.num_tokens
@@ -633,8 +643,8 @@ def make_kernel(pattern: Pattern, name: str, checked: dict[str, Any]) -> Callabl
                 got is want for got, want in zip(args[count:], expected, strict=True)):
             try:
                 return kernel(*args[:count])
-            except Exception:
-                pass
+            except Exception as error:
+                _failed(name, kernel, error, args[:count])
         return DECLINED
 
     return _sized(kernel_glue, below) if sized is not None else kernel_glue

@@ -14,6 +14,9 @@ counters in multiprocess mode):
   answered: ``kernel`` (kvest's kernel), ``fallback`` (the kernel declined and
   upstream's statement answered), ``upstream`` (handed to upstream's code on
   purpose, e.g. a batch too small to gain);
+- ``kvest_kernel_failures_total{hotspot}``: calls in which a kernel raised an
+  exception that is none of its declines (each also a ``fallback``: upstream
+  answered; the first of each hot spot is logged with what reproduces it);
 - ``kvest_shadow_comparisons_total{hotspot}`` and
   ``kvest_shadow_mismatches_total{hotspot}`` (shadow mode);
 - ``kvest_mode{mode}``: 1 for the mode kvest runs in (``on``, ``shadow``,
@@ -71,7 +74,7 @@ def _int(value: Any) -> int:
 
 def _counters(entry: Mapping[str, Any]) -> dict[str, int]:
     """One hot spot's counters from its ``status()`` entry: ``kernel``,
-    ``fallbacks``, ``upstream`` and ``shadow: {compared, mismatches}``."""
+    ``fallbacks``, ``upstream``, ``failures`` and ``shadow: {compared, mismatches}``."""
     shadow = entry.get("shadow")
     if not isinstance(shadow, Mapping):
         shadow = {}
@@ -79,6 +82,7 @@ def _counters(entry: Mapping[str, Any]) -> dict[str, int]:
         "kernel": _int(entry.get("kernel", 0)),
         "fallback": _int(entry.get("fallbacks", 0)),
         "upstream": _int(entry.get("upstream", 0)),
+        "failures": _int(entry.get("failures", 0)),
         "compared": _int(shadow.get("compared", 0)),
         "mismatches": _int(shadow.get("mismatches", 0)),
     }
@@ -134,6 +138,10 @@ class _Exporter:
                              "who answered: kernel, fallback (the kernel declined), upstream "
                              "(handed to upstream's code on purpose)",
                              ["hotspot", "answer"], registry=None)
+        self.failures = Counter("kvest_kernel_failures", "Calls in which a kernel raised an "
+                                "exception that is none of its declines (each also a "
+                                "fallback: upstream answered); the first is logged",
+                                ["hotspot"], registry=None)
         self.compared = Counter("kvest_shadow_comparisons", "Shadow mode: calls where kvest's "
                                 "answer was compared with upstream's", ["hotspot"],
                                 registry=None)
@@ -184,6 +192,8 @@ class _Exporter:
                 for answer in ANSWERS:
                     self._push(self.calls, ("calls", hotspot, answer), (hotspot, answer),
                                counts[answer])
+                self._push(self.failures, ("failures", hotspot, ""), (hotspot,),
+                           counts["failures"])
                 self._push(self.compared, ("compared", hotspot, ""), (hotspot,),
                            counts["compared"])
                 self._push(self.mismatches, ("mismatches", hotspot, ""), (hotspot,),

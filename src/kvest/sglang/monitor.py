@@ -141,6 +141,13 @@ class Samples:
 
 UPSTREAM, KERNEL, FALLBACK = 0, 1, 2  # a call's outcome, as its tally counts it
 
+# What a kernel raises by its input rules (docs/contract.md): a decline, after
+# which upstream's statement answers.  Anything else it raises is a failure of
+# kvest's own (:func:`kernel_failed`): upstream answers too, and it is counted
+# and logged.
+DECLINES = (kvest.ImpureRequest, AttributeError, TypeError, ValueError, OverflowError,
+            IndexError)
+
 
 class _PyTally:
     """kvest.sglang._glue._Tally in Python (the pure build): a hot spot's
@@ -198,6 +205,8 @@ class Spot:
     # kernel, fallbacks, upstream: each call counted once, when it ends (where
     # the compiled glue counts them without a Python attribute write)
     tally: Any = dataclasses.field(default_factory=Tally)
+    failures: int = 0  # a kernel raised none of its declines (kernel_failed)
+    first_failure: str | None = None
     compared: int = 0  # shadow mode
     mismatches: int = 0
     first_mismatch: str | None = None
@@ -331,6 +340,9 @@ def status() -> dict[str, Any]:
     statement of it, is not compiled; ``None`` where all of it is),
     ``patterns`` (compiled), ``notes``, ``calls``, ``kernel``, ``fallbacks``,
     ``upstream`` (each call is one of these three: see the module docstring),
+    ``failures`` (calls in which a kernel raised an exception that is none of
+    its declines, :data:`DECLINES`; each also a fallback) with
+    ``first_failure`` (what reproduces the first, or ``None``),
     and ``shadow``: ``compared``,
     ``mismatches``, ``kvest_us`` and ``upstream_us`` (``median`` and ``p99`` of
     the recent calls), ``ratio`` (upstream's median over kvest's) and
@@ -368,7 +380,7 @@ def _entry(s: Spot) -> dict[str, Any]:
         "state": s.state.value, "reason": s.reason, "patterns": list(s.patterns),
         "notes": [n.text for n in s.notes],
         "calls": kernel + fallbacks + upstream, "kernel": kernel, "fallbacks": fallbacks,
-        "upstream": upstream,
+        "upstream": upstream, "failures": s.failures, "first_failure": s.first_failure,
         "shadow": {"compared": s.compared, "mismatches": s.mismatches, "kvest_us": kvest_us,
                    "upstream_us": upstream_us, "ratio": ratio,
                    "first_mismatch": s.first_mismatch},
@@ -552,6 +564,36 @@ def shadow(original: Callable[..., Any], replaced: Callable[..., Any], name: str
         return value
 
     return shadowed
+
+
+def kernel_failed(name: str, kernel: Any, error: BaseException, args: tuple[Any, ...]
+                  ) -> None:
+    """``kernel``, called by hot spot ``name``'s glue with ``args``, raised
+    ``error``: a decline (:data:`DECLINES`) is nothing more; anything else is
+    counted as the hot spot's failure and logged, the first of each hot spot,
+    with what reproduces it.  Upstream's statement answers either way (the
+    call counts as a fallback).  Never raises: it runs inside SGLang's step."""
+    if isinstance(error, DECLINES):
+        return
+    entry = spot(name)
+    with _SHADOW_LOCK:
+        entry.failures += 1
+        first = entry.first_failure is None
+        if first:
+            entry.first_failure = ""  # (taken: one thread writes the report)
+    if not first:
+        return
+    try:
+        inputs = str([_lengths(a) for a in args])[:2000]
+    except Exception as exc:
+        inputs = f"(not shown: reading them raised {exc!r})"
+    where = f"{getattr(kernel, '__module__', '?')}.{getattr(kernel, '__qualname__', kernel)}"
+    entry.first_failure = (f"{where} raised {type(error).__name__}: {error}; inputs "
+                           f"(requests as (committed, allocated)) {inputs}{_config()}")
+    logger.warning("kvest: %s: a kernel failed and SGLang's own statement answered "
+                   "(counted in status()'s failures; only the first is logged): %s",
+                   name, entry.first_failure,
+                   exc_info=(type(error), error, error.__traceback__))
 
 
 def _lengths(value: Any) -> Any:

@@ -74,6 +74,9 @@ def render(report: Mapping[str, Any]) -> str:
                    f"{_int(spot.get('calls')):>9,} {_int(spot.get('kernel')):>9,} "
                    f"{_int(spot.get('fallbacks')):>9,} {_int(spot.get('upstream')):>9,}")
             lines.append(row.rstrip())
+            if _int(spot.get("failures")):
+                lines.append(f"    kernel failures: {_int(spot.get('failures')):,} "
+                             f"(upstream answered; the first: {spot.get('first_failure')})")
             shadow = spot.get("shadow")
             if isinstance(shadow, Mapping) and _int(shadow.get("compared")):
                 lines.append(f"    shadow: {_int(shadow.get('compared')):,} compared, "
