@@ -30,7 +30,7 @@ public_only = os.environ.get("KVEST_PUBLIC_API_ONLY", "").strip().lower() in (
     "1", "true", "yes", "on")
 common = dict(
     include_dirs=[np.get_include(), f"{SRC}/_src"],
-    depends=[*HEADERS, f"{SRC}/_common.pxd", f"{SRC}/_route.pxd", f"{SRC}/_reqs.pxd"],
+    depends=[*HEADERS, f"{SRC}/_common.pxd", f"{SRC}/_reqs.pxd"],
     define_macros=[
         # The oldest NumPy C API the module may use, and the runtime floor it
         # supports: keep in step with `dependencies` in pyproject.toml.
@@ -46,10 +46,9 @@ extensions = [
     # Array kernels, with the C loops and their runtime CPU dispatch.
     Extension("kvest._kernels", sources=[f"{SRC}/_kernels.pyx", f"{SRC}/_src/loops.c"],
               **common),
-    # Request-object kernels: only inline helpers from loops.h, no loop variants.
+    # Request-object kernels, readers and writers (served as kvest._writes too):
+    # the request core compiled once; only inline helpers from loops.h.
     Extension("kvest._reqs", sources=[f"{SRC}/_reqs.pyx"], **common),
-    # Request-object writers: reqwrite.h only.
-    Extension("kvest._writes", sources=[f"{SRC}/_writes.pyx"], **common),
     # The SGLang glue's compiled half, on kvest._reqs' kernels (its .pxd).
     Extension("kvest.sglang._glue", sources=[f"{SRC}/sglang/_glue.pyx"], **common),
 ]

@@ -55,3 +55,45 @@ def test_the_check_sees_an_upward_import(tmp_path):
     pyx = tmp_path / "bad.pyx"
     pyx.write_text("cimport cython\nfrom kvest._bench import run\n")
     assert "kvest._bench" in _imports(pyx)
+
+
+# The request layer's C: CPython's private API, version tests and the
+# free-threading switch live in the fence (src/kvest/_src/fence.h) alone.
+FENCED = re.compile(r"PY_VERSION_HEX|Py_GIL_DISABLED|_PyType_Lookup|_PyObject_GetDictPtr"
+                    r"|\bma_keys\b|\bma_values\b|tp_version_tag|VALID_VERSION_TAG|ob_digit"
+                    r"|PyUnstable_|\bT_OBJECT|PyMemberDef|structmember|\[-3\]")
+
+
+def _layer_sources() -> list[Path]:
+    """The compiled request layer: every C header and Cython source but the array
+    kernels (the .c files Cython writes beside them are not sources)."""
+    return sorted(p for p in SRC.rglob("*") if p.suffix in (".h", ".pyx", ".pxd")
+                  and p.name != "_kernels.pyx" and not p.name.startswith("loops"))
+
+
+def _code(path: Path) -> str:
+    """A source's text without its comments (C's, and Cython's ``#`` lines)."""
+    text = re.sub(r"/\*.*?\*/", "", path.read_text(encoding="utf-8"), flags=re.S)
+    if path.suffix != ".h":
+        text = re.sub(r"(?m)^\s*#(?!\s*(?:if|include|define|endif|else|elif)).*$", "", text)
+    return re.sub(r"//.*", "", text)
+
+
+def test_private_api_is_used_in_the_fence_alone():
+    files = _layer_sources()
+    assert SRC / "_src" / "fence.h" in files and SRC / "_reqs.pyx" in files
+    wrong = [f"{path.relative_to(SRC)}:{n}: {line.strip()}" for path in files
+             if path.name != "fence.h"
+             for n, line in enumerate(_code(path).splitlines(), 1) if FENCED.search(line)]
+    assert not wrong, wrong
+
+
+def test_the_fence_check_sees_a_private_use(tmp_path):
+    assert FENCED.search("    return t->tp_version_tag;")
+    assert FENCED.search("#if PY_VERSION_HEX >= 0x030C0000")
+    assert FENCED.search("uintptr_t d = ((uintptr_t *)obj)[-3];")
+    assert not FENCED.search("#if KV_PY312")
+    header = tmp_path / "bad.h"
+    header.write_text("/* tp_version_tag in a comment */\n#ifdef Py_GIL_DISABLED\n")
+    assert [line for line in _code(header).splitlines() if FENCED.search(line)] == \
+        ["#ifdef Py_GIL_DISABLED"]

@@ -536,6 +536,16 @@ def test_types_mutated_between_calls(base, changes, pairs, p):
         check("plan", reqs, p, 16)
 
 
+def test_the_managed_dict_read_agreed_at_import():
+    """The managed-dict read (three words before the object, fence.h) is taken
+    only once its import-time check agreed with CPython's own lookup: on the
+    default build of 3.11 to 3.13 it does."""
+    from kvest import _reqs, _writes
+
+    private = not _reqs._PUBLIC_API_ONLY and (3, 11) <= sys.version_info[:2] <= (3, 13)
+    assert _reqs._MANAGED_DICT == _writes._MANAGED_DICT == private
+
+
 def test_dict_entries_read_where_they_sit():
     """Lengths in instance dicts of every kind the entry read meets: split
     tables (few attributes), combined ones with str keys and with a non-str key,

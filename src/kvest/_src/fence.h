@@ -22,12 +22,19 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The versions, named once: nothing else compares PY_VERSION_HEX. */
+#define KV_PY311 (PY_VERSION_HEX >= 0x030B0000)
+#define KV_PY312 (PY_VERSION_HEX >= 0x030C0000)
+#define KV_PY313 (PY_VERSION_HEX >= 0x030D0000)
+#define KV_PY314 (PY_VERSION_HEX >= 0x030E0000) /* newer than any tested: the public API */
+
+/* The one free-threading switch: nothing else tests Py_GIL_DISABLED. */
 #ifdef Py_GIL_DISABLED
 #define KV_SHORTCUTS 0
 #else
 #define KV_SHORTCUTS 1
 #endif
-#if PY_VERSION_HEX >= 0x030E0000 && !defined(KVEST_PUBLIC_API_ONLY)
+#if KV_PY314 && !defined(KVEST_PUBLIC_API_ONLY)
 #define KVEST_PUBLIC_API_ONLY 1
 #endif
 #if defined(KVEST_PUBLIC_API_ONLY) || !KV_SHORTCUTS
@@ -36,10 +43,10 @@
 #define KV_PRIVATE 1
 #endif
 
-#if KV_PRIVATE || PY_VERSION_HEX < 0x030C0000
+#if KV_PRIVATE || !KV_PY312
 #include <structmember.h> /* the member types' names before 3.12 */
 #endif
-#if PY_VERSION_HEX >= 0x030C0000
+#if KV_PY312
 #define KV_T_OBJECT_EX Py_T_OBJECT_EX
 #define KV_READONLY Py_READONLY
 #define KV_AUDIT_READ Py_AUDIT_READ
@@ -101,11 +108,44 @@ static inline void kv_gc_let(kv_gc *g)
  * own types keep theirs apart from tp_dict. */
 static inline PyObject *kv_class_dict(PyObject *base)
 {
-#if PY_VERSION_HEX >= 0x030C0000
+#if KV_PY312
     return PyType_GetDict((PyTypeObject *)base);
 #else
     return Py_XNewRef(((PyTypeObject *)base)->tp_dict);
 #endif
+}
+
+/* Whether descr, what t's MRO defines under name, is a member descriptor of
+ * an object slot under that very name, of a class t derives from: then *r is
+ * the slot's route (its offset, and get and set where the descriptor lets
+ * them through), as the descriptor's own __get__/__set__ go.  The subtype
+ * check: a descriptor copied from an unrelated class makes the generic code
+ * raise TypeError.  The name check: a descriptor copied under another name
+ * reads another slot than its name says.  Behind the fence T_OBJECT (an
+ * unset slot reading None; deprecated) is not taken. */
+static inline void kv_member_route(kv_route *r, PyObject *descr, PyTypeObject *t,
+                                   PyObject *name, int get_generic, int set_generic)
+{
+    if (!Py_IS_TYPE(descr, &PyMemberDescr_Type)) return;
+    PyMemberDescrObject *md = (PyMemberDescrObject *)descr;
+    PyMemberDef *m = md->d_member;
+#ifdef Py_RELATIVE_OFFSET
+    int unusable = m->flags & Py_RELATIVE_OFFSET;
+#else
+    int unusable = 0;
+#endif
+#if KV_PRIVATE
+    int object_type = m->type == KV_T_OBJECT_EX || m->type == T_OBJECT;
+#else
+    int object_type = m->type == KV_T_OBJECT_EX;
+#endif
+    if (!object_type || unusable || md->d_common.d_name != name
+        || !PyType_IsSubtype(t, md->d_common.d_type))
+        return;
+    r->offset = m->offset;
+    r->none_if_unset = m->type != KV_T_OBJECT_EX;
+    if (get_generic && !(m->flags & KV_AUDIT_READ)) r->get = KV_ROUTE_MEMBER;
+    if (set_generic && !(m->flags & KV_READONLY)) r->set = KV_ROUTE_MEMBER;
 }
 
 /* The primitives: kv_tag_valid and kv_tag (a type's version tag, changed or
@@ -119,13 +159,14 @@ static inline PyObject *kv_class_dict(PyObject *base)
  * (Include/internal/pycore_dict.h's layout, only its fields read), once
  * kv_dict_entries_check() found that read to agree with PyDict_Next. */
 static int kv_dict_entries_ok; /* set once kv_dict_entries_check() agrees */
+static int kv_managed_dict_ok; /* set once kv_managed_dict_check() agrees */
 
 /* ============================================================= the fence */
 #if KV_PRIVATE
 
 static inline int kv_tag_valid(PyTypeObject *t)
 {
-#if PY_VERSION_HEX >= 0x030D0000
+#if KV_PY313
     return t->tp_version_tag != 0;
 #else
     return (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && t->tp_version_tag != 0;
@@ -158,16 +199,52 @@ KV_HOT PyObject **kv_dictptr(kv_gc *g, PyObject *obj)
 /* obj's instance dict (borrowed) or NULL: a built managed dict read where
  * _PyObject_GetDictPtr finds it (pycore_object.h: three words before obj; 3.12
  * tags inline values there with bit 0), nothing held off; else kv_dictptr's. */
-KV_HOT PyObject *kv_dict_of(kv_gc *g, PyObject *obj)
+KV_HOT PyObject *kv_managed_dict(PyObject *obj)
 {
 #ifdef Py_TPFLAGS_MANAGED_DICT
     if (Py_TYPE(obj)->tp_flags & Py_TPFLAGS_MANAGED_DICT) {
         uintptr_t d = ((uintptr_t *)obj)[-3];
         if (d != 0 && !(d & 1)) return (PyObject *)d;
     }
+#else
+    (void)obj;
 #endif
-    PyObject **dictptr = kv_dictptr(g, obj);
+    return NULL;
+}
+
+KV_HOT PyObject *kv_dict_of(kv_gc *g, PyObject *obj)
+{
+    PyObject *d = kv_managed_dict_ok ? kv_managed_dict(obj) : NULL, **dictptr;
+    if (d != NULL) return d;
+    dictptr = kv_dictptr(g, obj);
     return dictptr != NULL ? *dictptr : NULL;
+}
+
+/* At import: whether the managed-dict read finds the dict CPython's own
+ * lookup finds, on an instance of `probe` (a class of kvest's: a managed
+ * dict on 3.11+) before its dict is built (nothing) and after (that dict).
+ * kv_dict_of reads it there only after 1. */
+static inline int kv_managed_dict_check(PyObject *probe)
+{
+#ifdef Py_TPFLAGS_MANAGED_DICT
+    PyObject *obj = PyObject_CallNoArgs(probe), *dict;
+    if (obj == NULL) return -1;
+    int agree = (Py_TYPE(obj)->tp_flags & Py_TPFLAGS_MANAGED_DICT)
+                && kv_managed_dict(obj) == NULL;
+    dict = PyObject_GenericGetDict(obj, NULL);
+    if (dict == NULL) {
+        Py_DECREF(obj);
+        return -1;
+    }
+    PyObject **dictptr = _PyObject_GetDictPtr(obj);
+    kv_managed_dict_ok = agree && kv_managed_dict(obj) == dict && dictptr != NULL
+                         && *dictptr == dict;
+    Py_DECREF(dict);
+    Py_DECREF(obj);
+#else
+    (void)probe;
+#endif
+    return 0;
 }
 
 /* Where obj's object slot at offset lies, for the member descriptor's own
@@ -198,12 +275,12 @@ KV_HOT PyObject *kv_slot_get(const kv_route *r, PyObject *obj, PyObject *name)
  * caller then asks PyLong_AsLongLongAndOverflow). */
 KV_HOT int kv_small_int(PyObject *v, long long *x)
 {
-#if PY_VERSION_HEX >= 0x030C0000
+#if KV_PY312
     if (PyUnstable_Long_IsCompact((PyLongObject *)v)) {
         *x = (long long)PyUnstable_Long_CompactValue((PyLongObject *)v);
         return 1;
     }
-#elif PY_VERSION_HEX >= 0x030B0000
+#elif KV_PY311
     Py_ssize_t size = Py_SIZE(v);
     if (size >= -1 && size <= 1) {
         *x = size * (long long)((PyLongObject *)v)->ob_digit[0];
@@ -215,7 +292,7 @@ KV_HOT int kv_small_int(PyObject *v, long long *x)
     return 0;
 }
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000
+#if KV_PY311 && !KV_PY314
 #define KV_DICT_ENTRIES 1
 typedef struct {
     Py_ssize_t refcnt;
@@ -268,6 +345,50 @@ KV_HOT PyObject *kv_dict_at(PyObject *dict, Py_ssize_t pos, PyObject *name)
     if (k->kind == KV_KEYS_SPLIT && PyDict_Next(dict, &pos, &key, &v) && key == name)
         return v; /* shared keys: str only */
     return NULL;
+}
+
+/* At import: whether the entry read agrees with PyDict_Next at every position
+ * of dicts of each kind (str keys, other keys, deleted entries, one- and
+ * two-byte indices), for a name that is there and one that is not.  Returns
+ * 0, or -1 with an exception set; the entry read is used only after 1. */
+static inline int kv_dict_entries_check(void)
+{
+    int agree = 1;
+    for (int round = 0; round < 4 && agree; round++) {
+        PyObject *dict = PyDict_New(), *absent = PyUnicode_InternFromString("kvest-absent");
+        if (dict == NULL || absent == NULL) {
+            Py_XDECREF(dict);
+            Py_XDECREF(absent);
+            return -1;
+        }
+        int n = round < 2 ? 12 : 400, ok = 1;
+        for (int i = 0; i < n && ok; i++) {
+            PyObject *key = round % 2 ? PyLong_FromLong(i) : PyUnicode_FromFormat("k%d", i);
+            if (key != NULL && round % 2 == 0) PyUnicode_InternInPlace(&key);
+            ok = key != NULL && PyDict_SetItem(dict, key, key) == 0;
+            if (ok && i % 5 == 3) ok = PyDict_DelItem(dict, key) == 0;
+            Py_XDECREF(key);
+        }
+        if (!ok) {
+            Py_DECREF(dict);
+            Py_DECREF(absent);
+            return -1;
+        }
+        kv_dict_keys *k = (kv_dict_keys *)((PyDictObject *)dict)->ma_keys;
+        for (Py_ssize_t pos = 0; pos < k->nentries + 2 && agree; pos++) {
+            Py_ssize_t at = pos;
+            PyObject *key = NULL, *v = NULL, *got;
+            int known, has = PyDict_Next(dict, &at, &key, &v) && at == pos + 1;
+            got = kv_dict_entry_at(dict, pos, has ? key : absent, &known);
+            if (pos < k->nentries)
+                agree = known && got == (has ? v : NULL);
+            agree = agree && kv_dict_entry_at(dict, pos, absent, &known) == NULL;
+        }
+        Py_DECREF(dict);
+        Py_DECREF(absent);
+    }
+    kv_dict_entries_ok = agree;
+    return 0;
 }
 #endif
 
@@ -359,6 +480,12 @@ KV_HOT int kv_small_int(PyObject *v, long long *x)
     return 0;
 }
 
+static inline int kv_managed_dict_check(PyObject *probe)
+{
+    (void)probe;
+    return 0;
+}
+
 #endif /* ======================================================== the fence */
 
 #ifndef KV_DICT_ENTRIES
@@ -368,52 +495,12 @@ KV_HOT PyObject *kv_dict_at(PyObject *dict, Py_ssize_t pos, PyObject *name)
     (void)dict, (void)pos, (void)name;
     return NULL;
 }
-#endif
 
-/* At import: whether the entry read agrees with PyDict_Next at every position
- * of dicts of each kind (str keys, other keys, deleted entries, one- and
- * two-byte indices), for a name that is there and one that is not.  Returns
- * 0, or -1 with an exception set; the entry read is used only after 1. */
 static inline int kv_dict_entries_check(void)
 {
-#if KV_DICT_ENTRIES
-    int agree = 1;
-    for (int round = 0; round < 4 && agree; round++) {
-        PyObject *dict = PyDict_New(), *absent = PyUnicode_InternFromString("kvest-absent");
-        if (dict == NULL || absent == NULL) {
-            Py_XDECREF(dict);
-            Py_XDECREF(absent);
-            return -1;
-        }
-        int n = round < 2 ? 12 : 400, ok = 1;
-        for (int i = 0; i < n && ok; i++) {
-            PyObject *key = round % 2 ? PyLong_FromLong(i) : PyUnicode_FromFormat("k%d", i);
-            if (key != NULL && round % 2 == 0) PyUnicode_InternInPlace(&key);
-            ok = key != NULL && PyDict_SetItem(dict, key, key) == 0;
-            if (ok && i % 5 == 3) ok = PyDict_DelItem(dict, key) == 0;
-            Py_XDECREF(key);
-        }
-        if (!ok) {
-            Py_DECREF(dict);
-            Py_DECREF(absent);
-            return -1;
-        }
-        kv_dict_keys *k = (kv_dict_keys *)((PyDictObject *)dict)->ma_keys;
-        for (Py_ssize_t pos = 0; pos < k->nentries + 2 && agree; pos++) {
-            Py_ssize_t at = pos;
-            PyObject *key = NULL, *v = NULL, *got;
-            int known, has = PyDict_Next(dict, &at, &key, &v) && at == pos + 1;
-            got = kv_dict_entry_at(dict, pos, has ? key : absent, &known);
-            if (pos < k->nentries)
-                agree = known && got == (has ? v : NULL);
-            agree = agree && kv_dict_entry_at(dict, pos, absent, &known) == NULL;
-        }
-        Py_DECREF(dict);
-        Py_DECREF(absent);
-    }
-    kv_dict_entries_ok = agree;
-#endif
-return 0;
+    return 0;
 }
+#endif
+
 
 #endif

@@ -131,29 +131,8 @@ static void kv_route_work_out(kv_route *r, PyTypeObject *t, PyObject *name, int 
         if (!kv_plain_dict(t)) return;
         if (get_generic) r->get = KV_ROUTE_DICT;
         if (set_generic) r->set = KV_ROUTE_DICT;
-    } else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-        PyMemberDescrObject *md = (PyMemberDescrObject *)descr;
-        PyMemberDef *m = md->d_member;
-#ifdef Py_RELATIVE_OFFSET
-        int unusable = m->flags & Py_RELATIVE_OFFSET;
-#else
-        int unusable = 0;
-#endif
-        /* The subtype check: a descriptor copied from an unrelated class makes
-         * the generic code raise TypeError.  The name check: a descriptor
-         * copied under another name reads another slot than its name says. */
-#if KV_PRIVATE
-        int object_type = m->type == KV_T_OBJECT_EX || m->type == T_OBJECT;
-#else
-        int object_type = m->type == KV_T_OBJECT_EX; /* T_OBJECT is deprecated */
-#endif
-        if (object_type && !unusable && md->d_common.d_name == name
-            && PyType_IsSubtype(t, md->d_common.d_type)) {
-            r->offset = m->offset;
-            r->none_if_unset = m->type != KV_T_OBJECT_EX;
-            if (get_generic && !(m->flags & KV_AUDIT_READ)) r->get = KV_ROUTE_MEMBER;
-            if (set_generic && !(m->flags & KV_READONLY)) r->set = KV_ROUTE_MEMBER;
-        }
+    } else {
+        kv_member_route(r, descr, t, name, get_generic, set_generic); /* fence.h */
     }
 #else
     (void)t, (void)name, (void)pure;

@@ -436,7 +436,7 @@ static inline int kw_max_path(kv_ctx *cx, kv_known *steps, Py_ssize_t n, PyObjec
 static inline PyObject *kw_item(PyObject *seq, Py_ssize_t pos)
 {
     if (PyList_CheckExact(seq)) {
-#ifdef Py_GIL_DISABLED
+#if !KV_SHORTCUTS
         PyObject *x = PyList_GetItemRef(seq, pos);
         if (x == NULL) PyErr_Clear(); /* an IndexError: the list shrank */
         return x;
@@ -603,7 +603,7 @@ static int kw_max_all_quick(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_kno
     kw_kept small[KEPT_SMALL], *kept = small;
     PyObject *const *r = PySequence_Fast_ITEMS(reqs), *const *v = PySequence_Fast_ITEMS(values);
     Py_ssize_t size = PySequence_Fast_GET_SIZE(reqs), done = 0, k = 0;
-#ifdef Py_GIL_DISABLED
+#if !KV_SHORTCUTS
     return 0; /* another thread may change the lists: items by reference only */
 #endif
     if (size != PySequence_Fast_GET_SIZE(values)) return 0;
@@ -644,7 +644,7 @@ static int kw_max_all(kv_ctx *cx, PyObject *reqs, PyObject *values, kv_known *st
             while (pos_reqs < (reqs_list ? PyList_GET_SIZE(reqs) : PyTuple_GET_SIZE(reqs))
                    && pos_values < (values_list ? PyList_GET_SIZE(values)
                                                 : PyTuple_GET_SIZE(values))) {
-#ifdef Py_GIL_DISABLED
+#if !KV_SHORTCUTS
                 break; /* another thread may change the lists: items by reference only */
 #endif
                 req = reqs_list ? PyList_GET_ITEM(reqs, pos_reqs)
