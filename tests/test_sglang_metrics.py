@@ -62,6 +62,10 @@ def mode(name):
     return ("kvest_mode", (("mode", name),))
 
 
+def state_of(hotspot, state):
+    return ("kvest_hotspot_state", (("hotspot", hotspot), ("state", state)))
+
+
 class Status:
     def __init__(self, report):
         self.report = copy.deepcopy(report)
@@ -93,6 +97,10 @@ def test_exported_with_exact_values_and_labels(multiproc):
         shadow("comparisons", estimate): 0.0, shadow("mismatches", estimate): 0.0,
         shadow("comparisons", pages): 9.0, shadow("mismatches", pages): 2.0,
         mode("on"): 1.0, mode("shadow"): 0.0, mode("off"): 0.0, mode("audit"): 0.0,
+        # one series per hot spot and state, 1 for the state it is in
+        **{state_of(hotspot, value): float(value == current)
+           for hotspot, current in ((estimate, "replaced"), (pages, "shadow"))
+           for value in metrics.STATES},
         # the KV audit's series with no label (no "audit" entry in this status)
         ("kvest_estimate_steps_total", ()): 0.0,
         ("kvest_kv_reserved_uncommitted_tokens", ()): 0.0,

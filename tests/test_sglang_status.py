@@ -32,8 +32,8 @@ ESTIMATE = "new_tokens_required_next_decode"
 SPEC_V2 = "_new_tokens_required_next_decode_spec_v2"
 
 # The keys of status(), pinned: monitoring scripts read them (docs/sglang.md).
-TOP_KEYS = {"kvest", "implementation", "sglang", "mode", "reason", "scheduler", "hotspots",
-            "audit"}
+TOP_KEYS = {"kvest", "implementation", "sglang", "mode", "reason", "scheduler",
+            "scheduler_mode", "hotspots", "audit"}
 SPOT_KEYS = {"state", "reason", "patterns", "notes", "calls", "kernel", "fallbacks", "upstream",
              "failures", "first_failure", "shadow"}
 SHADOW_KEYS = {"compared", "mismatches", "kvest_us", "upstream_us", "ratio", "first_mismatch"}
@@ -101,8 +101,8 @@ def test_status_keys_are_the_same_in_every_mode(env, monkeypatch):
     assert (repr(value) if value else "not set") in report["reason"]
     if value == "bogus":
         assert "not one of" in report["reason"]
-    if expected == "off":
-        assert {s["state"] for s in report["hotspots"].values()} == {"off"}
+    if expected == "off":  # (a hot spot the release lacks reads absent in every mode)
+        assert {s["state"] for s in report["hotspots"].values()} - {"absent"} == {"off"}
 
 
 def test_without_the_scheduler_nothing_is_replaced_and_status_says_why():
@@ -500,6 +500,12 @@ def test_status_in_a_plain_process_is_short_and_points_to_the_instruments(env, s
     assert out["is_dict"] and out["str"] == text
     _check_keys(report)
     assert report["mode"] == "off" and report["scheduler"] is False
+    would = says.split("in mode ")[1].split(" ")[0] if "in mode " in says else "off"
+    assert report["scheduler_mode"] == would
+    assert "not an SGLang scheduler process" in " ".join(text.split())
+    assert f"a scheduler started with this environment runs in mode {would}" in \
+        " ".join(text.split())
+    assert "\n  audit: " not in text  # the audit runs in no such process: no counters
     assert report["reason"].startswith("kvest's SGLang plugin has not run in this process")
     assert "scheduler processes" in report["reason"] and says in report["reason"]
     assert len(text) < 2_000 and max(len(line) for line in text.splitlines()) <= 100
@@ -538,8 +544,11 @@ def test_status_in_a_scheduler_reads_as_a_table():
             assert name in rows
     assert max(len(line) for line in text.splitlines()) <= 120
     # A key another part of kvest adds (the audit's counters) is shown, not a crash.
-    assert "audit: steps 5, undercounts 1" in readout.render(
-        {**report, "audit": {"steps": 5, "undercounts": 1, "bookkeeping_gaps": 0}})
+    audit = {"installed": True, "steps": 5, "undercounts": 1, "bookkeeping_gaps": 0}
+    assert "audit: steps 5, undercounts 1" in readout.render({**report, "audit": audit})
+    # ... where the audit runs, and only there
+    assert "audit: steps" not in readout.render({**report, "audit": {**audit,
+                                                                       "installed": False}})
 
 
 @pytest.mark.parametrize("tree_source", releases(), ids=lambda t: t.version)

@@ -135,19 +135,31 @@ def plan(import_modules: bool = True, mode: Mode = Mode.ON, reason: str = "kvest
         mode, reason = Mode.OFF, "no SGLang scheduler in this process: nothing to replace"
     result = Plan(version, mode, scheduler=scheduler)
     monitor.reset(mode, reason, version, scheduler, small_to_upstream)
-    if not mode.compiles:
-        return result
+    skip, _ = monitor.skipped_by_operator()
     for spot in HOTSPOTS.values():
         entry = monitor.spot(spot.name)
         found = _locate(spot, module, absent=import_modules or complete)
         if isinstance(found, State):
-            entry.state = found
+            if mode.compiles or found is State.ABSENT:  # absent in every mode
+                entry.state = found
             continue
         owner, fn = found
+        if not mode.compiles:
+            if _no_statement(spot, fn):
+                entry.state = State.ABSENT
+            continue
         why = _replaced(fn)
         if why is not None:
             entry.state = State.SKIPPED
             note(entry, NoteKind.INFO, why)
+            continue
+        leaves = spot.name in skip or (mode is Mode.SHADOW and spot.writes)
+        if leaves and _no_statement(spot, fn):  # (else _plan_one tells absence)
+            entry.state = State.ABSENT
+            continue
+        if spot.name in skip:
+            entry.state = State.SKIPPED
+            note(entry, NoteKind.INFO, f"{monitor.SKIP_ENV} names it: upstream's code runs")
             continue
         if mode is Mode.SHADOW and spot.writes:
             entry.state = State.SKIPPED
@@ -196,6 +208,17 @@ def _locate(spot: HotSpot, module: Callable[[str], types.ModuleType | None], abs
         if fn is not None:
             return owner, fn
     return State.ABSENT if loaded else State.NOT_LOADED
+
+
+def _no_statement(spot: HotSpot, fn: Any) -> bool:
+    """Whether ``fn`` is there but holds no statement of the hot spot's kinds (a
+    dispatcher whose loop moved, a release that never had it): the hot spot
+    is absent from the release, in every mode."""
+    try:
+        analysis = rewrite.analyse(fn, list(spot.kinds))
+    except rewrite.Unreadable:
+        return False
+    return not analysis.found and {n.kind for n in analysis.notes} == {NoteKind.NO_STATEMENT}
 
 
 def _checked(fn: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], str | None]:

@@ -19,6 +19,10 @@ counters in multiprocess mode):
   answered; the first of each hot spot is logged with what reproduces it);
 - ``kvest_shadow_comparisons_total{hotspot}`` and
   ``kvest_shadow_mismatches_total{hotspot}`` (shadow mode);
+- ``kvest_hotspot_state{hotspot, state}``: 1 for the state each hot spot is
+  in (the registry's ``State``: ``replaced``, ``shadow``, ``left alone``,
+  ``skipped``, ``absent``, ...), 0 for the others (``multiprocess_mode="max"``):
+  a hot spot left alone after an upgrade shows here, not only in the log;
 - ``kvest_mode{mode}``: 1 for the mode kvest runs in (``on``, ``shadow``,
   ``audit``, ``off``), 0 for the others (``multiprocess_mode="max"``: 1 if any
   scheduler process runs in that mode).
@@ -61,6 +65,7 @@ logger = logging.getLogger("kvest.sglang")
 INTERVAL = 5.0  # seconds between copies, unless KVEST_METRICS_INTERVAL says otherwise
 MODES = ("on", "shadow", "audit", "off")
 ANSWERS = ("kernel", "fallback", "upstream")
+STATES = tuple(state.value for state in registry.State)  # kvest_hotspot_state's values
 
 StatusFn = Callable[[], Mapping[str, Any]]
 
@@ -148,6 +153,10 @@ class _Exporter:
         self.mismatches = Counter("kvest_shadow_mismatches", "Shadow mode: comparisons where "
                                   "kvest's answer differed from upstream's", ["hotspot"],
                                   registry=None)
+        self.state = Gauge("kvest_hotspot_state", "1 for the state a hot spot is in "
+                           "(replaced, shadow, left alone, skipped, absent, ...), 0 for the "
+                           "others", ["hotspot", "state"], registry=None,
+                           multiprocess_mode="max")
         self.mode = Gauge("kvest_mode", "1 for the mode kvest runs in (on, shadow, off)",
                           ["mode"], registry=None, multiprocess_mode="max")
         self.audit_steps = Counter("kvest_estimate_steps", "KV audit: decode steps whose "
@@ -188,6 +197,9 @@ class _Exporter:
             for hotspot, entry in spots.items():
                 if not isinstance(entry, Mapping):
                     continue
+                for state in STATES:
+                    self.state.labels(hotspot, state).set(1 if entry.get("state") == state
+                                                          else 0)
                 counts = _counters(entry)
                 for answer in ANSWERS:
                     self._push(self.calls, ("calls", hotspot, answer), (hotspot, answer),

@@ -115,6 +115,50 @@ def switch(environ: dict[str, str] | None = None) -> Switch:
     return Switch(Mode.OFF, why, why)
 
 
+AUDIT_ENV = "KVEST_AUDIT"
+SKIP_ENV = "KVEST_SGLANG_SKIP"
+_AUDIT_ON, _AUDIT_OFF = frozenset({"1", "on"}), frozenset({"0", "off"})
+
+
+class AuditSwitch(NamedTuple):
+    """What ``KVEST_AUDIT`` says: whether the KV audit runs, why, and a warning
+    where the value could not be read."""
+
+    runs: bool
+    reason: str
+    warning: str | None = None
+
+
+def audit_switch(mode: Mode, environ: dict[str, str] | None = None) -> AuditSwitch:
+    """Whether the KV audit runs, beside kernels in ``mode``: ``KVEST_AUDIT``
+    ``1``/``on`` or ``0``/``off`` (any case, spaces around ignored) whatever
+    the mode; unset, as the mode says (every mode but off); anything else as
+    unset, with a warning that quotes it.  How often it samples the lengths is
+    ``KVEST_AUDIT_EVERY`` (:mod:`kvest.sglang.audit`)."""
+    raw = (os.environ if environ is None else environ).get(AUDIT_ENV)
+    says = "the audit runs" if mode.audits else "no audit"
+    default = AuditSwitch(mode.audits, f"{AUDIT_ENV} is not set: {says} in mode {mode}")
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _AUDIT_ON:
+        return AuditSwitch(True, f"{AUDIT_ENV}={raw!r}")
+    if value in _AUDIT_OFF:
+        return AuditSwitch(False, f"{AUDIT_ENV}={raw!r} turns the audit off")
+    why = f"{AUDIT_ENV}={raw!r} is not one of 1/on, 0/off: read as unset"
+    return AuditSwitch(default.runs, f"{why}; {default.reason}", why)
+
+
+def skipped_by_operator(environ: dict[str, str] | None = None
+                        ) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The hot spots ``KVEST_SGLANG_SKIP`` (names, comma-separated) leaves to
+    upstream, and the names in it that are no hot spot of the registry."""
+    raw = (os.environ if environ is None else environ).get(SKIP_ENV, "")
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    return (frozenset(n for n in names if n in HOTSPOTS),
+            tuple(n for n in names if n not in HOTSPOTS))
+
+
 class Samples:
     """The most recent :data:`SAMPLES` timings of one side, in nanoseconds."""
 
@@ -254,6 +298,8 @@ class _State:
         self.scheduler = False
         self.spots: dict[str, Spot] = {name: Spot(name) for name in HOTSPOTS}
         self.announced = False
+        self.audit: AuditSwitch | None = None  # the plugin's decision (KVEST_AUDIT)
+        self.by_patch = False  # planned by kvest.sglang.patch(), not SGLang's plugin loader
         self.handoff = True  # small batches to upstream's statement (HANDOFF_ENV)
         self.last_summary = time.monotonic()
         self.atexit = False
@@ -276,6 +322,7 @@ def reset(mode: Mode, reason: str, sglang: str, scheduler: bool,
         STATE.mode, STATE.reason = mode, reason
         STATE.sglang, STATE.scheduler, STATE.loaded = sglang, scheduler, True
         STATE.announced = False
+        STATE.audit, STATE.by_patch = None, False
         wanted = handoff() if small_to_upstream is None else small_to_upstream
         STATE.handoff = wanted and mode is not Mode.SHADOW  # shadow compares kernels
         STATE.hooked = []
@@ -327,6 +374,11 @@ def not_run_reason() -> str:
             f"scheduler processes, and in one started here {there}")
 
 
+def _scheduler_mode() -> Mode:
+    """The mode a scheduler process started with this environment runs in."""
+    return Mode.OFF if plugins_reason() is not None else switch().mode
+
+
 def status() -> dict[str, Any]:
     """A snapshot of what kvest does in this process (the keys are documented
     in docs/sglang.md and never change), a :class:`~kvest.sglang.readout.Status`:
@@ -335,7 +387,10 @@ def status() -> dict[str, Any]:
 
     ``kvest`` (its version), ``implementation``, ``sglang`` (its version),
     ``mode`` (on, shadow, off), ``reason`` (why that mode, in words),
-    ``scheduler`` (whether this process runs SGLang's scheduler), and per hot
+    ``scheduler`` (whether this process runs SGLang's scheduler: not a
+    script that called ``patch()``), ``scheduler_mode`` (the mode a scheduler
+    process runs in: this one's, or, elsewhere, what the switches would make
+    of one started with this environment), and per hot
     spot of the registry, in every mode: ``state``, ``reason`` (why it, or a
     statement of it, is not compiled; ``None`` where all of it is),
     ``patterns`` (compiled), ``notes``, ``calls``, ``kernel``, ``fallbacks``,
@@ -355,7 +410,10 @@ def status() -> dict[str, Any]:
         return Status({
             "kvest": kvest.__version__, "implementation": kvest.IMPLEMENTATION,
             "sglang": STATE.sglang, "mode": STATE.mode.value, "reason": reason,
-            "scheduler": STATE.scheduler,
+            # (a process that patch() planned in is not one SGLang started)
+            "scheduler": STATE.scheduler and not STATE.by_patch,
+            "scheduler_mode": STATE.mode.value if STATE.loaded and not STATE.by_patch
+            else _scheduler_mode().value,
             "hotspots": {name: _entry(STATE.spots.get(name) or Spot(name))
                          for name in list(HOTSPOTS)},
             "audit": _audit_report(),
@@ -403,12 +461,21 @@ def describe() -> list[tuple[int, str]]:
     older = [s.name for s in spots if s.state is State.NOT_RECOGNISED]
     if older and STATE.mode.compiles:
         head += f"; not recognised in this release (its own older code): {', '.join(older)}"
-    if STATE.mode.audits and STATE.scheduler:
+    left = [s.name for s in spots if s.state in (State.SKIPPED, State.LEFT_ALONE)]
+    if left and STATE.mode.compiles and STATE.scheduler:
+        head += (f"; left to upstream: {', '.join(left)} (why: status() or "
+                 "`python -m kvest sglang`)")
+    if STATE.audit is not None and STATE.scheduler:
         from kvest.sglang import audit
 
         head += ("; the KV audit runs" if audit.installed()
-                 else "; the KV audit is not installed")
+                 else "; the KV audit is not installed" if STATE.audit.runs
+                 else f"; no KV audit ({STATE.audit.reason})")
     records = [(logging.INFO, head)]
+    _, unknown = skipped_by_operator()
+    if unknown and STATE.mode.compiles:
+        records.append((logging.WARNING, f"kvest: {SKIP_ENV} names no hot spot "
+                        f"{', '.join(map(repr, unknown))} (the names: status()'s hotspots)"))
     for s in spots:
         for note_ in s.declines:
             records.append((logging.WARNING, f"kvest: {s.name} left alone: {note_.text}"))

@@ -152,6 +152,7 @@ def patch(shadow: bool = False) -> Patch:
         return Patch(Plan(state.sglang, state.mode), [])
     found = plan(import_modules=True, mode=Mode.SHADOW if shadow else Mode.ON,
                  reason="kvest.sglang.patch(shadow=True)" if shadow else "kvest.sglang.patch()")
+    monitor.STATE.by_patch = True  # (status(): this process is not one SGLang started)
     for problem in found.problems:
         warnings.warn(f"kvest.sglang: left unpatched: {problem}", RuntimeWarning, stacklevel=2)
     return Patch(found, apply(found.targets))

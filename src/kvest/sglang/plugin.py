@@ -93,7 +93,11 @@ def load() -> None:
         logger.warning("kvest: SGLang left unpatched: %s: %s", type(exc).__name__, exc)
         found = None
     scheduler = found.scheduler if found is not None else BATCH in sys.modules
-    if choice.mode.audits and scheduler:
+    monitor.STATE.audit = audit_choice = monitor.audit_switch(choice.mode)
+    if audit_choice.warning is not None:
+        warnings.warn(f"kvest: {audit_choice.warning}", RuntimeWarning, stacklevel=2)
+        logger.warning("kvest: %s", audit_choice.warning)
+    if audit_choice.runs and scheduler:
         _audit()
     if found is None:
         return

@@ -56,8 +56,13 @@ def render(report: Mapping[str, Any]) -> str:
     head = f"kvest {report.get('kvest')} ({report.get('implementation')})"
     if report.get("sglang") not in (None, "unknown"):
         head += f", sglang {report.get('sglang')}"
-    head += (", in an SGLang scheduler process" if scheduler else ", in this process")
-    lines = [f"{head}: mode {report.get('mode')}"]
+    if scheduler:
+        head += f", in an SGLang scheduler process: mode {report.get('mode')}"
+    else:
+        head += (f", not an SGLang scheduler process (mode {report.get('mode')} here; a "
+                 f"scheduler started with this environment runs in mode "
+                 f"{report.get('scheduler_mode')})")
+    lines = textwrap.wrap(head, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     lines += textwrap.wrap(str(report.get("reason")), WIDTH, initial_indent="  ",
                            subsequent_indent="  ", break_on_hyphens=False)
     spots = report.get("hotspots")
@@ -90,7 +95,7 @@ def render(report: Mapping[str, Any]) -> str:
             lines += textwrap.wrap(f"{state}: {', '.join(names)}", WIDTH, initial_indent="  ",
                                    subsequent_indent="    ", break_on_hyphens=False)
     audit = report.get("audit")
-    if isinstance(audit, Mapping):
+    if isinstance(audit, Mapping) and audit.get("installed"):  # (only where it runs)
         lines.append("  audit: " + ", ".join(
             f"{key.replace('_', ' ')} {audit[key]:,}" for key in
             ("steps", "undercounts", "bookkeeping_gaps") if isinstance(audit.get(key), int)))
