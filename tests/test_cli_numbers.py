@@ -43,30 +43,38 @@ def _parser_of(main, monkeypatch) -> argparse.ArgumentParser:
     return caught.value.args[0]
 
 
-def _numeric(parser: argparse.ArgumentParser) -> list[tuple[str, int]]:
-    """(flag, how many values) of every flag that takes a number."""
-    return [(a.option_strings[-1], a.nargs if isinstance(a.nargs, int) else 1)
+def _numeric(parser: argparse.ArgumentParser) -> list[tuple[str, int, bool]]:
+    """(flag, how many values, whether they are integers) of every flag that
+    takes a number."""
+    return [(a.option_strings[-1], a.nargs if isinstance(a.nargs, int) else 1,
+             getattr(a.type, "__name__", "") != "seconds")
             for a in parser._actions
             if a.option_strings and a.type is not None and a.type is not str]
 
 
 def _commands(monkeypatch):
+    """name -> (its main, the argv before the flags, its numeric flags)."""
+    from kvest._bench import sglang_step
     from kvest.sglang import audit_run, doctor
 
     top = cli.parser()
     subs = next(a for a in top._actions if a.dest == "command").choices
-    return {"demo": ([], _numeric(top)),
-            "bench": (["bench"], _numeric(subs["bench"])),
-            "sglang": (["sglang"], _numeric(_parser_of(doctor.main, monkeypatch))),
-            "audit": (["audit"], _numeric(_parser_of(audit_run.main, monkeypatch)))}
+    return {"demo": (cli.main, [], _numeric(top)),
+            "bench": (cli.main, ["bench"], _numeric(subs["bench"])),
+            "sglang": (cli.main, ["sglang"], _numeric(_parser_of(doctor.main, monkeypatch))),
+            "audit": (cli.main, ["audit"], _numeric(_parser_of(audit_run.main, monkeypatch))),
+            # bench's real-SGLang section alone (docs/benchmarks.md)
+            "sglang_step": (sglang_step.main, [],
+                            _numeric(_parser_of(sglang_step.main, monkeypatch)))}
 
 
 def test_every_command_with_numbers_is_covered(monkeypatch):
     commands = _commands(monkeypatch)
-    flags = {name: [f for f, _ in found] for name, (_, found) in commands.items()}
+    flags = {name: [f for f, *_ in found] for name, (*_, found) in commands.items()}
     assert {"--requests", "--page-size", "--config", "--seed"} <= set(flags["demo"])
     assert {"--batches", "--seed"} <= set(flags["sglang"])
     assert {"--steps", "--seed"} <= set(flags["audit"])
+    assert {"--samples", "--target", "--sizes"} <= set(flags["sglang_step"])
     # audit_run's parser takes any Python int: the CLI checks these first
     assert set(flags["audit"]) == {a.option_strings[-1] for a in cli.audit_numbers()._actions}
 
@@ -82,9 +90,11 @@ def _as_int(text: str) -> int | None:
 def stubbed(monkeypatch):
     """The demo for real at small batches (it is what overflows), the doctor's
     check and the audit's scheduler stubbed: the numbers are what is tested."""
+    from kvest._bench import sglang_step
     from kvest.sglang import audit_run, doctor
 
     real_demo = cli.demo
+    monkeypatch.setattr(sglang_step, "missing", lambda: "stubbed: no SGLang")
     monkeypatch.setattr(cli, "demo", lambda n, *a: real_demo(n, *a) if n <= 64 else 0)
     monkeypatch.setattr(doctor, "_check", lambda source, args: 0)
     monkeypatch.setattr(doctor, "_source", lambda root, stack: object())
@@ -99,20 +109,20 @@ def stubbed(monkeypatch):
     return _commands(monkeypatch)
 
 
-@pytest.mark.parametrize("command", ["demo", "bench", "sglang", "audit"])
+@pytest.mark.parametrize("command", ["demo", "bench", "sglang", "audit", "sglang_step"])
 @given(data=st.data())
 def test_hostile_numbers_are_usage_errors_or_runs(command, stubbed, data, capsys):
-    prefix, flags = stubbed[command]
+    main, prefix, flags = stubbed[command]
     if not flags:
         return
-    flag, count = data.draw(st.sampled_from(flags))
+    flag, count, integers = data.draw(st.sampled_from(flags))
     values = [data.draw(HOSTILE) for _ in range(count)]
     argv = [*prefix, flag, *values]
     if command == "demo" and flag != "--requests":
         argv += ["--requests", str(data.draw(st.integers(1, 16)))]
     capsys.readouterr()
     try:
-        code = cli.main(argv)
+        code = main(argv)
     except SystemExit as stop:
         code = stop.code
         err = capsys.readouterr().err
@@ -122,7 +132,8 @@ def test_hostile_numbers_are_usage_errors_or_runs(command, stubbed, data, capsys
         assert len(err) < 4000  # a pasted megabyte is not echoed back
         return
     numbers = [_as_int(v) for v in values]
-    assert None not in numbers and all(abs(n) <= INT64_MAX + 1 for n in numbers), (argv, code)
+    assert all(n is None or abs(n) <= INT64_MAX + 1 for n in numbers), (argv, code)
+    assert not integers or None not in numbers, (argv, code)
     if command == "audit":
         assert code == 2 and "does not import" in capsys.readouterr().err
     else:

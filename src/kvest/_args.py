@@ -44,6 +44,34 @@ def int_at_least(minimum: int, maximum: int = INT64_MAX, why: str = ""
     return parse
 
 
+def int_list(minimum: int, maximum: int) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers, each as int_at_least checks it."""
+    one = int_at_least(minimum, maximum)
+
+    def parse(text: str) -> list[int]:
+        return [one(part) for part in text.split(",")]
+
+    parse.__name__ = "comma-separated integers"
+    return parse
+
+
+def positive_seconds(maximum: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds in (0, maximum]."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{_shown(text)} is not a number") from None
+        if not 0 < value <= maximum:  # NaN fails here too
+            raise argparse.ArgumentTypeError(
+                f"must be in (0, {maximum:g}] seconds, got {_shown(text)}")
+        return value
+
+    parse.__name__ = "seconds"
+    return parse
+
+
 def _shown(value: object, spec: str = "") -> str:
     """``value`` for a message: a pasted megabyte is cut to its ends."""
     text = format(value, spec) if isinstance(value, int) else repr(value)

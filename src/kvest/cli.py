@@ -215,6 +215,9 @@ def parser() -> argparse.ArgumentParser:
                             f"defaults to {DEFAULT_PLOT}")
     bench.add_argument("--markdown", metavar="FILE.md",
                        help="also write the table as Markdown to FILE.md")
+    bench.add_argument("--check", action="store_true",
+                       help="exit status 1 when a measured target is MISSED (0 otherwise; "
+                            "a target the run does not measure decides nothing)")
     bench.add_argument("--sglang", action="store_true",
                        help="only the real-SGLang section: the decode step's bookkeeping "
                             "against SGLang's own code (runs where sglang imports)")
@@ -267,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         from kvest._bench.run import run
 
         return run(quick=args.quick, plot_path=args.plot, markdown=args.markdown,
-                   sglang_only=args.sglang)
+                   sglang_only=args.sglang, check=args.check)
     config = tuple(args.config)
     try:
         batch = demo_batch(args.requests, args.page_size, config, args.seed)
