@@ -371,3 +371,119 @@ def test_a_loop_row_calls_its_hot_spot_as_its_caller_does(monkeypatch):
     method = HotSpot("tally", ("kvest_test_home",), "Batch", "tally", ())
     assert sglang_step.loop_call(method, Step("z", ("page_size",)), values, batch, None)() == (
         "method", (16,))
+
+
+# ------------------------------------------ bench's verdicts, --check, --quick, legends
+
+@pytest.fixture
+def injected(monkeypatch):
+    """run() on injected measurements: the arrays' rows given, no request
+    objects, SGLang's section given or unavailable; nothing is timed."""
+    from kvest._bench import run
+
+    given: dict = {"rows": _met_rows(arrays.PAGE_SIZES), "steps": None}
+    monkeypatch.setattr(arrays, "run_matrix", lambda *a, **k: given["rows"])
+    monkeypatch.setattr(objects, "run_objects", lambda *a, **k: [])
+
+    def section(*args, **kwargs):
+        if given["steps"] is None:
+            raise sglang_step.Unavailable("stubbed: no SGLang")
+        return given["steps"]
+
+    monkeypatch.setattr(sglang_step, "run_section", section)
+    return run.run, given
+
+
+def _met_rows(pages: list[int]) -> list[Row]:
+    """_array_rows with NumPy twice as slow: every array target met."""
+    return [Row(r.fn, r.n, r.page_size, {**r.times, "numpy": r.times["numpy"] * 2})
+            for r in _array_rows(pages)]
+
+
+def _slower_kvest(rows: list[Row], n: int, factor: float) -> list[Row]:
+    return [Row(r.fn, r.n, r.page_size, {**r.times, "kvest": r.times["kvest"] * factor})
+            if r.n == n else r for r in rows]
+
+
+def test_check_exits_1_on_a_measured_miss_and_0_otherwise(injected, capsys):
+    from kvest._bench.targets import tally
+
+    run, given = injected
+    assert tally(arrays.targets(given["rows"])).missed == []  # all met as made up
+    assert run(check=True) == 0
+    given["rows"] = _slower_kvest(given["rows"], 1, 100.0)  # kvest ≥ 8× loop at n=1: missed
+    assert tally(arrays.targets(given["rows"])).missed
+    assert run(check=True) == 1
+    assert run(check=False) == 0  # without --check, a miss is printed, not an exit status
+    out = capsys.readouterr().out
+    assert "MISSED" in out and "1 MISSED" in out
+
+
+def test_targets_not_measured_decide_nothing(injected, capsys):
+    """--quick: targets it does not measure are listed by name, and do not
+    fail --check; a miss among the measured ones still does."""
+    from kvest._bench.targets import tally
+
+    run, given = injected
+    given["rows"] = [r for r in _met_rows([16]) if r.n != 2**20]
+    unmeasured = tally(arrays.targets(given["rows"])).not_measured
+    assert unmeasured and not tally(arrays.targets(given["rows"])).missed
+    assert run(quick=True, check=True) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--quick does not measure: " in out
+    for label in unmeasured:
+        assert label in out
+    assert "a run without --quick measures them" in out
+    given["rows"] = _slower_kvest(given["rows"], 1, 100.0)
+    assert run(quick=True, check=True) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "MISSED on a --quick run" in out
+    assert run(quick=False, check=True) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Not measured on this run: " in out and "MISSED on a --quick run" not in out
+
+
+def test_the_output_explains_floor_met_missed_and_the_workers(injected, capsys):
+    from kvest._bench.targets import FLOOR, LEGEND
+
+    run, given = injected
+    steps = sglang_step.StepRows(_step_rows())
+    steps.version = "0.5.23"
+    steps.status = {"upstream": {"mode": "off", "hotspots": {}},
+                    "kvest": {"mode": "on", "hotspots": {"a": "replaced", "b": "replaced",
+                                                         "c": "left alone"}}}
+    given["steps"] = steps
+    assert run() == 0
+    out = capsys.readouterr().out
+    assert FLOOR in out and LEGEND in out
+    assert "floor: np.add.reduce" in out and "MISSED: they do not" in out
+    assert "kvest's workers: mode on, 2 of 3 hot spots replaced" in out
+
+
+def test_the_figures_legends_explain_floor_and_missed(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig, path, **kwargs):
+        figures.append(fig)
+        return real_savefig(fig, path, **kwargs)
+
+    rows = _step_rows()
+    rows[0] = StepRow(rows[0].hot_spot, rows[0].n, 1e-6, 2e-6)  # 0.5×: below 1×
+    plt.Figure.savefig = keep
+    try:
+        plots.plot_arrays(_array_rows([16]), str(tmp_path / "a.png"))
+        plots.plot_sglang(rows, str(tmp_path / "s.png"), "0.5.23")
+    finally:
+        plt.Figure.savefig = real_savefig
+    array_fig, sglang_fig = figures
+    legend = [t.get_text() for t in array_fig.legends[0].get_texts()]
+    assert "floor: reading the inputs once" in legend and "floor" not in legend
+    legend = [t.get_text() for t in sglang_fig.legends[0].get_texts()]
+    assert plots.SPEEDUP_NOTE in legend and plots.MISSED_NOTE in legend
+    colours = {t.get_text(): t.get_color() for ax in sglang_fig.axes for t in ax.texts}
+    assert colours["0.5×"] == "tab:red" and colours["10.0×"] == plots.COLOURS["kvest"]
+    plt.close("all")

@@ -57,6 +57,8 @@ def test_bad_flag_from_the_shell_prints_usage_not_a_traceback():
      {"quick": False, "plot_path": "out.png", "markdown": "t.md"}),
     (["bench", "--sglang"],
      {"quick": False, "plot_path": None, "markdown": None, "sglang_only": True}),
+    (["bench", "--quick", "--check"],
+     {"quick": True, "plot_path": None, "markdown": None, "check": True}),
 ])
 def test_bench_flags(argv, expected, monkeypatch):
     """`--plot` alone writes bench.png; each flag reaches the benchmark."""
@@ -65,7 +67,7 @@ def test_bench_flags(argv, expected, monkeypatch):
     seen = {}
     monkeypatch.setattr(run, "run", lambda **kwargs: seen.update(kwargs) or 0)
     assert cli.main(argv) == 0
-    assert seen == {"sglang_only": False, **expected}
+    assert seen == {"sglang_only": False, "check": False, **expected}
 
 
 @pytest.mark.parametrize("argv", [["bench", "--plot"], ["bench", "--quick", "--plot", "x.png"]])
@@ -270,7 +272,10 @@ def test_readme_documents_every_flag():
     readme = Path(__file__).resolve().parent.parent / "README.md"
     if not readme.is_file():
         pytest.skip("README.md is not beside the tests")
+    # the README's flag table, or the operator's page (docs/operations.md)
     text = readme.read_text(encoding="utf-8")
+    operations = readme.parent / "docs" / "operations.md"
+    text += operations.read_text(encoding="utf-8") if operations.is_file() else ""
     top = cli.parser()
     parsers = [top, *next(a for a in top._actions if a.dest == "command").choices.values()]
     for parser in parsers:

@@ -202,3 +202,68 @@ def test_doctor_says_absent_where_the_release_lacks_the_code(version, spot, stat
     assert f"\n  {spot}: {state}\n" in out
     block = out.split(f"\n  {spot}: {state}\n")[1].split("\n  ")[0]
     assert reason in block
+
+
+# ------------------------------------------- progress on stderr, figures labelled
+
+def test_doctor_shows_progress_on_stderr_and_keeps_stdout(capsys):
+    """The parity run says what it runs, on stderr (a line per statement, the
+    functions' batches in parts); stdout is the report alone."""
+    from kvest.sglang import parity
+
+    assert cli_main(["sglang", "--batches", "40"]) == 0
+    captured = capsys.readouterr()
+    err = captured.err.splitlines()
+    assert err[0].startswith(f"kvest sglang: parity run on sglang {INSTALLED.version}")
+    steps = [line for line in err if line.startswith("kvest sglang: [")]
+    total = len(steps)
+    assert total >= 2 and steps[-1] == (f"kvest sglang: [{total}/{total}] the replaced "
+                                        "functions end to end, 40 batches")
+    # one line per swapped statement, each named as the report names it
+    for line in steps[:-1]:
+        label = line.split("] ", 1)[1].rsplit(", ", 1)[0]
+        assert f"  {label}: " in captured.out, label
+    parts = [line for line in err if line.endswith(" of 40 batches")]
+    assert len(parts) == parity.PROGRESS_PARTS - 1
+    assert "kvest sglang:" not in captured.out
+    assert captured.out.rstrip().endswith("40 batches, 0 mismatches")
+
+
+def test_figures_are_labelled_where_not_measured_on_the_release_shown():
+    from kvest.sglang.doctor import COSTS_MEASURED_ON, measured_on
+
+    reason = ("line 2304 (batch_idx_loop/flat3): upstream's code is faster on this build "
+              "(default): kvest's writer takes 754 instructions a request against the "
+              "loop's 422; left to upstream")
+    labelled = measured_on(reason, "0.5.11")
+    assert labelled == reason.replace(
+        "the loop's 422;", f"the loop's 422 (measured on {COSTS_MEASURED_ON});")
+    assert measured_on(reason, COSTS_MEASURED_ON) == reason  # its own release: as is
+    assert measured_on("not in this release", "0.5.11") == "not in this release"
+
+
+def test_the_label_names_the_release_the_registry_was_measured_on():
+    """doctor.COSTS_MEASURED_ON against the registry's own record of the wheel
+    its Cost entries were measured on."""
+    import inspect
+    import re
+
+    from kvest.sglang import doctor, registry
+
+    wheels = set(re.findall(r"--wheel sglang-([0-9.]+)-", inspect.getsource(registry)))
+    assert wheels == {doctor.COSTS_MEASURED_ON}
+
+
+def test_the_doctors_figures_say_where_they_were_measured(capsys):
+    """Every instruction count the doctor prints for the installed release is
+    marked when that release is not the one measured, and only then."""
+    from kvest.sglang.doctor import COSTS_MEASURED_ON
+
+    assert cli_main(["sglang", "--batches", "5"]) == 0
+    out = capsys.readouterr().out
+    figures = [line for line in out.splitlines() if " instructions " in line]
+    if not figures:
+        pytest.skip(f"sglang {INSTALLED.version}: no hot spot left to upstream on figures")
+    label = f"(measured on {COSTS_MEASURED_ON})"
+    for line in figures:
+        assert (label in line) == (INSTALLED.version != COSTS_MEASURED_ON), line

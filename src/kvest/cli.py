@@ -8,13 +8,13 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 import kvest
 from kvest import reference
-from kvest._args import int_at_least
+from kvest._args import INT64_MAX, int_at_least
 from kvest._bench.tables import fmt_time
 
 
@@ -36,19 +36,37 @@ MAX_REQUESTS = 1_000_000
 PROGRESS_FROM = 100_000
 
 
-def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: int) -> int:
+# The demo's committed lengths are drawn below this (allocated ones run up to
+# one reserve beyond): the largest page size and config fit int64 beside it.
+MAX_COMMITTED = 32_768
+
+
+class Demo(NamedTuple):
+    """The demo's batch and the calls it times, each estimator with its arguments."""
+
+    reserve: int
+    cases: list[tuple[str, tuple[Any, ...], dict[str, Any]]]
+
+
+def demo_batch(num_requests: int, page_size: int, config: tuple[int, int, int],
+               seed: int) -> Demo:
+    """The demo's random batch and its calls, each run once on kvest here: a
+    value the kernels cannot take (a page size or config whose reserve, lengths
+    or totals leave int64) raises ValueError with the reason before anything
+    is printed, so that the command line can call it a usage error."""
     steps, topk, draft = config
-    reserve = kvest.alloc_reserve_per_decode(steps, topk, draft, page_size)
+    try:
+        reserve = kvest.alloc_reserve_per_decode(steps, topk, draft, page_size)
+    except (OverflowError, ValueError) as exc:
+        raise ValueError(f"alloc_reserve_per_decode: {exc}") from None
+    if reserve > INT64_MAX - 2 * MAX_COMMITTED:
+        raise ValueError(f"the reserve R = {reserve:,} leaves no room in int64 for the "
+                         f"batch's lengths (up to {MAX_COMMITTED:,} + R + 1)")
     rng = np.random.default_rng(seed)
-    committed = rng.integers(1, 32_768, num_requests)
+    committed = rng.integers(1, MAX_COMMITTED, num_requests)
     # Allocation runs ahead of the committed length by up to one reserve.
     allocated = committed + rng.integers(0, reserve + 1, num_requests)
     selected = rng.choice(num_requests, num_requests // 2, replace=False)
-    print(f"kvest {kvest.__version__} ({kvest.IMPLEMENTATION}"
-          + (f", {kvest._kernels.cpu_variant()} loops" if kvest.IMPLEMENTATION == "cython" else "")
-          + ")")
-    print(f"decode batch: {num_requests} requests, page size {page_size}, "
-          f"spec config (steps, topk, draft) = {config}, reserve R = {reserve}\n")
     cases = [
         ("spec_v2_new_tokens", (committed, allocated, page_size, reserve), {}),
         ("spec_v2_new_tokens[half]", (committed, allocated, page_size, reserve),
@@ -60,6 +78,25 @@ def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: 
         ("alloc_len_per_decode", (steps, topk, draft, page_size), {}),
         ("decode_alloc_plan", (committed, allocated, page_size, reserve), {}),
     ]
+    for label, args, kwargs in cases:  # kvest's kernels: milliseconds at 10**6 requests
+        name = label.split("[")[0]
+        try:
+            getattr(kvest, name)(*args, **kwargs)
+        except (OverflowError, ValueError) as exc:  # most messages name their function
+            why = str(exc)
+            raise ValueError(why if why.startswith(name) else f"{label}: {why}") from None
+    return Demo(reserve, cases)
+
+
+def demo(num_requests: int, page_size: int, config: tuple[int, int, int], seed: int,
+         batch: Demo | None = None) -> int:
+    batch = batch or demo_batch(num_requests, page_size, config, seed)
+    reserve, cases = batch
+    print(f"kvest {kvest.__version__} ({kvest.IMPLEMENTATION}"
+          + (f", {kvest._kernels.cpu_variant()} loops" if kvest.IMPLEMENTATION == "cython" else "")
+          + ")")
+    print(f"decode batch: {num_requests} requests, page size {page_size}, "
+          f"spec config (steps, topk, draft) = {config}, reserve R = {reserve}\n")
     header = (f"{'estimator':26} {'kvest':>12} {'reference':>12}  agree "
               f"{'kvest':>10} {'reference':>10}")
     print(header)
@@ -139,10 +176,6 @@ def parser() -> argparse.ArgumentParser:
     """The command line: the demo's flags, and the ``bench`` subcommand's."""
     top = argparse.ArgumentParser(
         prog="python -m kvest",
-        description="Run kvest's estimators on a random decode batch, each beside its "
-                    "pure-Python twin: the answers must agree, and the times show what "
-                    "the compiled kernels save. Subcommands: bench (the benchmark) and "
-                    "sglang (check kvest against the installed SGLang).",
         epilog="Documentation: README.md and docs/ in the source distribution.")
     sub = top.add_subparsers(dest="command")
     # Parsed by kvest.sglang.doctor itself (main() hands it the rest of argv):
@@ -182,10 +215,29 @@ def parser() -> argparse.ArgumentParser:
                             f"defaults to {DEFAULT_PLOT}")
     bench.add_argument("--markdown", metavar="FILE.md",
                        help="also write the table as Markdown to FILE.md")
+    bench.add_argument("--check", action="store_true",
+                       help="exit status 1 when a measured target is MISSED (0 otherwise; "
+                            "a target the run does not measure decides nothing)")
     bench.add_argument("--sglang", action="store_true",
                        help="only the real-SGLang section: the decode step's bookkeeping "
                             "against SGLang's own code (runs where sglang imports)")
+    # From the registry of subcommands, so that a new one cannot be left out.
+    top.description = (
+        "Run kvest's estimators on a random decode batch, each beside its pure-Python "
+        "twin: the answers must agree, and the times show what the compiled kernels save. "
+        "Subcommands: " + "; ".join(f"{choice.dest} ({choice.help.split(' (')[0]})"
+                                    for choice in sub._choices_actions) + ".")
     return top
+
+
+def audit_numbers() -> argparse.ArgumentParser:
+    """The audit's numeric flags, checked against int64 before its own parser
+    (kvest.sglang.audit_run, which takes any Python int) sees them: a usage
+    error, exit 2, like every other command's."""
+    check = argparse.ArgumentParser(prog="python -m kvest audit", add_help=False)
+    check.add_argument("--steps", type=int_at_least(1))
+    check.add_argument("--seed", type=int_at_least(-INT64_MAX - 1))
+    return check
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["audit"]:  # the KV audit's driver has its own options
         from kvest.sglang.audit_run import main as audit_main
 
+        audit_numbers().parse_known_args(argv[1:])
         return audit_main(argv[1:])
     top = parser()
     args = top.parse_args(argv)
@@ -217,5 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         from kvest._bench.run import run
 
         return run(quick=args.quick, plot_path=args.plot, markdown=args.markdown,
-                   sglang_only=args.sglang)
-    return demo(args.requests, args.page_size, tuple(args.config), args.seed)
+                   sglang_only=args.sglang, check=args.check)
+    config = tuple(args.config)
+    try:
+        batch = demo_batch(args.requests, args.page_size, config, args.seed)
+    except ValueError as exc:
+        top.error(f"--requests {args.requests} --page-size {args.page_size} --config "
+                  f"{' '.join(map(str, config))}: {exc}")
+    return demo(args.requests, args.page_size, config, args.seed, batch)

@@ -9,7 +9,7 @@ import sys
 import time
 
 from kvest._bench import arrays, objects, sglang_step
-from kvest._bench.targets import verdicts
+from kvest._bench.targets import FLOOR, Verdict, summary, tally, verdicts
 from kvest._bench.timing import machine
 
 # (samples per cell, seconds per sample) for a full and a --quick run
@@ -23,8 +23,9 @@ def suffixed(path: str, suffix: str) -> str:
 
 
 def run(quick: bool = False, plot_path: str | None = None, markdown: str | None = None,
-        sglang_only: bool = False) -> int:
-    """Arrays, request objects, and real SGLang where it imports; 0 when done."""
+        sglang_only: bool = False, check: bool = False) -> int:
+    """Arrays, request objects, and real SGLang where it imports; 0 when done
+    (with ``check``: 1 when a measured target is missed)."""
     samples, target = QUICK if quick else FULL
     say = functools.partial(print, file=sys.stderr, flush=True)
     say(f"kvest bench{' --quick' if quick else ''}: {machine()}")
@@ -48,15 +49,18 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
     print(f"\nmedian time per call, {samples} samples each, implementations interleaved; "
           f"{elapsed:.0f} s\n")
     parts: list[tuple[str, str]] = []  # (title, Markdown) for --markdown
+    every: list[Verdict] = []  # every section's verdicts, for the summary and --check
     if rows:
         judged = arrays.targets(rows)
-        print(arrays.table(rows), verdicts(judged, False), sep="\n\n", end="\n\n")
+        every += judged
+        print(arrays.table(rows), FLOOR, "", verdicts(judged, False), sep="\n", end="\n\n")
         parts += [("", arrays.table(rows, markdown=True)),
                   ("Targets:", verdicts(judged, True))]
     if object_rows:
         title = (f"Request objects (page size {objects.PAGE_SIZE}, R = {arrays.RESERVE}), "
                  "on stand-ins shaped like each release's own:")
         judged = objects.targets(object_rows)
+        every += judged
         print(title, objects.table(object_rows), "", verdicts(judged, False),
               sep="\n", end="\n\n")
         # docs/benchmarks.md: the verdicts only (each release's ratios at 256,
@@ -72,12 +76,15 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
                  "EAGLE (3, 1, 4): upstream → kvest (speedup):")
         head = sglang_step.headline(steps) or ""
         judged = sglang_step.targets(steps)
-        print(title, sglang_step.table(steps), "", head, "", verdicts(judged, False), sep="\n")
+        every += judged
+        print(title, sglang_step.table(steps), "", head, "", verdicts(judged, False), "",
+              workers(steps.status), sep="\n")
         parts += [(title, sglang_step.table(steps, markdown=True)),
                   ("", f"**Headline: {head}.**"),
                   ("Targets on real requests:", verdicts(judged, True))]
     else:
         print(f"sglang section skipped: {why_not}")
+    print("", summary(every, quick), sep="\n")
     if plot_path:
         from kvest._bench import plots
 
@@ -97,4 +104,15 @@ def run(quick: bool = False, plot_path: str | None = None, markdown: str | None 
                      f"{samples} samples per cell, implementations interleaved.\n\n"
                      f"{sections}\n")
         print(f"markdown written to {markdown}")
-    return 0
+    return 1 if check and tally(every).missed else 0
+
+
+def workers(status: dict | None) -> str:
+    """What kvest's SGLang workers ran, checked before any cell was timed: a
+    kvest that did not load stops the section, so a MISSED here is kvest's
+    own time, not a plugin that failed."""
+    kv = (status or {}).get("kvest") or {}
+    spots = kv.get("hotspots") or {}
+    replaced = sum(state == "replaced" for state in spots.values())
+    return (f"kvest's workers: mode {kv.get('mode', '?')}, {replaced} of {len(spots)} hot "
+            "spots replaced (checked before timing; upstream's workers run with kvest off)")

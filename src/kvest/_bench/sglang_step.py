@@ -896,13 +896,14 @@ def main(argv: list[str]) -> int:
         return worker()
     import argparse
 
+    from kvest._args import int_at_least, int_list, positive_seconds
     from kvest._bench.targets import verdicts
 
     parser = argparse.ArgumentParser(prog="python -m kvest._bench.sglang_step")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--samples", type=int, default=7)
-    parser.add_argument("--target", type=float, default=0.02)
-    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")])
+    parser.add_argument("--samples", type=int_at_least(1, 10_000), default=7)
+    parser.add_argument("--target", type=positive_seconds(60.0), default=0.02)
+    parser.add_argument("--sizes", type=int_list(1, 1 << 20))
     args = parser.parse_args(argv)
     why = missing()
     if why:

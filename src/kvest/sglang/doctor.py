@@ -44,6 +44,13 @@ def _say(text: str = "") -> None:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
 
 
+def _progress(text: str) -> None:
+    """A progress line on stderr: the parity run takes seconds to a minute, and
+    stdout keeps only the report (its lines are what tests and scripts read)."""
+    with contextlib.suppress(BrokenPipeError, ValueError):  # stderr gone: the run goes on
+        print(f"kvest sglang: {text}", file=sys.stderr, flush=True)
+
+
 def plain(text: str) -> str:
     """reStructuredText as a terminal shows it: ``:func:`~a.b``` is ``a.b()``,
     ````x```` is ``x`` (for ``--help``, which a user reads)."""
@@ -104,7 +111,8 @@ def _check(source: upstream.SourceTree, args: argparse.Namespace) -> int:
         if mode is not Mode.ON:
             # What status() and the log say in that mode, from the same plan.
             plan(import_modules=False, mode=mode, reason=reason, complete=True)
-            _report("the hot spots, as status() and the log give them in that process:")
+            _report("the hot spots, as status() and the log give them in that process:",
+                    source.version)
             _say("with kvest on, it would replace:")
         # The stand-ins are every module the release has: nothing else is imported.
         # Kernels at every batch size: a small batch is checked on kvest's kernel,
@@ -114,12 +122,15 @@ def _check(source: upstream.SourceTree, args: argparse.Namespace) -> int:
         handle = Patch(found, apply(found.targets))
         try:
             if mode is Mode.ON:
-                _report("the hot spots, as status() and the log give them in that process:")
+                _report("the hot spots, as status() and the log give them in that process:",
+                    source.version)
             else:
-                _report(None)
+                _report(None, source.version)
             before = _fallbacks()
+            _progress(f"parity run on sglang {source.version}: each statement kvest swaps, "
+                      "then the whole functions (the verdict follows on stdout)")
             compared, mismatched = parity.self_test(tree, handle.plan, originals,
-                                                    args.batches, args.seed, torch)
+                                                    args.batches, args.seed, torch, _progress)
             declined = _fallbacks() - before
         finally:
             handle.undo()
@@ -138,7 +149,26 @@ def _fallbacks() -> int:
     return sum(s.fallbacks for s in monitor.STATE.spots.values())
 
 
-def _report(title: str | None) -> None:
+# The release whose loops the registry's instruction counts (registry.Cost, in
+# the reasons a kind is left to upstream) were measured on: the wheel
+# tools/cachegrind_hotspots.py read (the comment above registry._COSTS names it;
+# tests/test_sglang_doctor.py checks the two agree).
+COSTS_MEASURED_ON = "0.5.23"
+_FIGURES = re.compile(r"\d[\d,]* instructions")
+
+
+def measured_on(reason: str, version: str) -> str:
+    """``reason`` with each clause that quotes instruction counts marked
+    "measured on 0.5.23" where the release shown is another: its own loop may
+    touch other attributes (0.5.11's batch-index loop adds to three where 0.5.23's
+    adds to one), and the counts are not its own."""
+    if version == COSTS_MEASURED_ON:
+        return reason
+    return "; ".join(f"{part} (measured on {COSTS_MEASURED_ON})" if _FIGURES.search(part)
+                     else part for part in reason.split("; "))
+
+
+def _report(title: str | None, version: str) -> None:
     report = monitor.status()["hotspots"]
     if title is not None:
         _say(title)
@@ -149,7 +179,7 @@ def _report(title: str | None) -> None:
             reason = spot["reason"]
             if reason == "torch is not loaded":
                 reason = "needs torch to be checked here (not installed)"
-            _say(f"    {reason}")
+            _say(f"    {measured_on(reason, version)}")
 
 
 def _source(root: str | None, stack: contextlib.ExitStack) -> upstream.SourceTree | None:

@@ -51,7 +51,6 @@ __all__ = ["Mode", "Spot", "Switch", "status", "switch"]
 
 logger = logging.getLogger("kvest.sglang")
 
-_ON = frozenset({"", "1", "on", "true", "yes", "y", "t"})
 _OFF = frozenset({"0", "off", "false", "no", "n", "f"})
 SUMMARY_EVERY = 600.0  # seconds between shadow-mode summaries
 SAMPLES = 1024  # timings kept per side and hot spot (the most recent)
@@ -95,21 +94,31 @@ def handoff(environ: dict[str, str] | None = None) -> bool:
     return raw.strip().lower() not in _OFF
 
 
+# KVEST_SGLANG's values, exactly the documented ones (any case, surrounding
+# whitespace ignored): a boolean spelling such as "true" or "no" is a typo here
+# and warns, since docs/operations.md and the warning name these alone.
+SWITCH_VALUES = {"1": Mode.ON, "on": Mode.ON, "shadow": Mode.SHADOW, "audit": Mode.AUDIT,
+                 "0": Mode.OFF, "off": Mode.OFF}
+
+
 def switch(environ: dict[str, str] | None = None) -> Switch:
-    """The mode ``KVEST_SGLANG`` asks for, and why."""
+    """The mode ``KVEST_SGLANG`` asks for, and why: unset (or empty), ``1`` or
+    ``on``: on; ``shadow``; ``audit``; ``0`` or ``off``: off (any case,
+    surrounding whitespace ignored).  Any other value is off, with a warning
+    that quotes it: upstream's code is the safe side."""
     raw = (os.environ if environ is None else environ).get("KVEST_SGLANG")
     if raw is None:
         return Switch(Mode.ON, "KVEST_SGLANG is not set: on by default")
-    value = raw.strip().lower()
-    if value in _ON:
-        return Switch(Mode.ON, f"KVEST_SGLANG={raw!r}")
-    if value == "shadow":
-        return Switch(Mode.SHADOW, f"KVEST_SGLANG={raw!r}")
-    if value == "audit":
-        return Switch(Mode.AUDIT, f"KVEST_SGLANG={raw!r}: SGLang runs its own code, with "
-                                  "kvest's KV audit")
-    if value in _OFF:
-        return Switch(Mode.OFF, f"KVEST_SGLANG={raw!r} turns kvest off")
+    if not raw.strip():  # `KVEST_SGLANG= cmd` in a shell: set, but to nothing
+        return Switch(Mode.ON, f"KVEST_SGLANG={raw!r} is empty: on, as when it is not set")
+    mode = SWITCH_VALUES.get(raw.strip().lower())
+    if mode is Mode.AUDIT:
+        return Switch(mode, f"KVEST_SGLANG={raw!r}: SGLang runs its own code, with "
+                            "kvest's KV audit")
+    if mode is Mode.OFF:
+        return Switch(mode, f"KVEST_SGLANG={raw!r} turns kvest off")
+    if mode is not None:
+        return Switch(mode, f"KVEST_SGLANG={raw!r}")
     why = (f"KVEST_SGLANG={raw!r} is not one of 1/on, shadow, audit, 0/off: kvest is off and "
            "SGLang runs its own code")
     return Switch(Mode.OFF, why, why)

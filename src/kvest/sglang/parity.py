@@ -217,11 +217,15 @@ def found_statement(tree: upstream.StandinTree, spot: str, kind: str
 
 def check_statements(targets: list[Any], make: Callable[[Any, Any], Any], beams: bool,
                      batches: int, rng: random.Random,
-                     check: Callable[[str, Any, Any], None]) -> None:
-    """Every swapped statement of every target, on ``batches`` twin worlds."""
+                     check: Callable[[str, Any, Any], None],
+                     progress: Callable[[str], None] | None = None) -> None:
+    """Every swapped statement of every target, on ``batches`` twin worlds;
+    ``progress`` hears of each statement before it runs."""
     for target in targets:
         for swap in target.swaps:
             label = f"{target.spot}: {swap.found.pattern.id} at line {swap.found.stmt.lineno}"
+            if progress:
+                progress(f"{label}, {batches} batches")
             try:
                 alone, swapped, params = statement_pair(target.analysis, swap.found,
                                                         target.spot)
@@ -249,10 +253,16 @@ def _role(found: rewrite.Found, name: str) -> str:
 
 # ------------------------------------------------------------------ functions
 
+# The end-to-end run reports this many times (it is most of the doctor's time).
+PROGRESS_PARTS = 4
+
+
 def self_test(tree: upstream.StandinTree, plan: Any, originals: dict[str, Any], batches: int,
-              seed: int, torch: Any) -> tuple[Counter[str], Counter[str]]:
+              seed: int, torch: Any, progress: Callable[[str], None] | None = None
+              ) -> tuple[Counter[str], Counter[str]]:
     """Run ``batches`` random batches through every replaced hot spot;
-    (comparisons, mismatches) per check."""
+    (comparisons, mismatches) per check.  ``progress`` hears what runs: each
+    statement before it runs, then the whole functions' batches in parts."""
     rng = random.Random(seed)
     make = request_maker(tree.layout())
     beams = tree.has("beam_rows")
@@ -266,8 +276,17 @@ def self_test(tree: upstream.StandinTree, plan: Any, originals: dict[str, Any], 
             if mismatched[name] <= 3:
                 print(f"  MISMATCH {name}: upstream {expected}, kvest {got}")
 
-    check_statements([t for t in plan.targets if t.swaps], make, beams,
-                     max(1, batches // 4), rng, check)
+    swapped = [t for t in plan.targets if t.swaps]
+    steps = sum(len(t.swaps) for t in swapped) + 1
+    done = 0
+
+    def step(text: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(f"[{done}/{steps}] {text}")
+
+    check_statements(swapped, make, beams, max(1, batches // 4), rng, check, step)
 
     replaced = {t.spot for t in plan.targets}
     eagle = tree.modules.get(EAGLE_UTILS)
@@ -281,7 +300,12 @@ def self_test(tree: upstream.StandinTree, plan: Any, originals: dict[str, Any], 
     spec_v2_original = originals["_new_tokens_required_next_decode_spec_v2"]
     whole = ("new_tokens_required_next_decode" in replaced
              or "_new_tokens_required_next_decode_spec_v2" in replaced)
-    for _ in range(batches if whole or alloc_lens or pages_fn else 0):
+    runs = batches if whole or alloc_lens or pages_fn else 0
+    step(f"the replaced functions end to end, {runs} batches")
+    every = max(1, -(-runs // PROGRESS_PARTS))
+    for i in range(runs):
+        if progress and i and i % every == 0:
+            progress(f"      {i} of {runs} batches")
         p = _page_size(rng)
         steps, topk, draft = rng.choice(CONFIGS)
         spec = rng.random() < 0.5
