@@ -644,3 +644,17 @@ def test_failed_after_fits_counts_only_an_allocation_failure(audited):
         batch.prepare_for_decode()
     assert audit.report()["failed_after_fits"] == 1
     assert "a pool refused an allocation" in audit.report()["first"]["failed after fits"]
+
+
+def test_a_check_that_is_not_a_plain_function_is_left_alone(audited, monkeypatch):
+    """A static method wrapped as a plain function would be passed ``self``."""
+    base = sys.modules[registry.ALLOCATOR_BASE].BaseTokenToKVPoolAllocator
+    audit.uninstall()
+
+    def check(*, num_tokens, tree_cache=None, requests=None, spec_algorithm=None):
+        return num_tokens < 10
+
+    monkeypatch.setattr(base, "check_decode_capacity", staticmethod(check))
+    missing = audit.install(every=1)
+    assert any("check_decode_capacity" in m for m in missing) and not audit.installed()
+    assert PagedTokenToKVPoolAllocator(100, 4).check_decode_capacity(num_tokens=3) is True

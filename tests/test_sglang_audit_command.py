@@ -200,3 +200,23 @@ def test_every_column_is_documented_and_the_time_stated(command, capsys):
         assert f"\n  {name} " in f"\n{legend}", name
         assert f"`{name}`" in docs, name
     assert out.splitlines()[-1].startswith("full run: ") and out.rstrip().endswith(" s")
+
+
+def test_an_error_anywhere_in_the_driver_is_exit_2_never_1(command, monkeypatch, capsys):
+    command([])
+
+    def broken(results):
+        raise TypeError("a bug in the table")
+
+    monkeypatch.setattr(ar, "matrix", lambda quick, pools, seed: [config(Behaviour.COMPARED)])
+    monkeypatch.setattr(ar, "_table", broken)
+    assert ar.main(["--steps", "5"]) == 2
+    assert "a driver error: TypeError: a bug in the table" in capsys.readouterr().err
+
+    def install(every=None):
+        raise AttributeError("no such class")
+
+    monkeypatch.setattr(audit, "install", install)
+    monkeypatch.setattr(audit, "installed", lambda: False)
+    assert ar.main(["--steps", "5"]) == 2
+    assert "cannot attach" in capsys.readouterr().err

@@ -670,7 +670,9 @@ def _find(attach: Attach) -> tuple[type, Any] | None:
 
 def _wrap(cls: type, attr: str, make: Any) -> bool:
     fn = vars(cls).get(attr)
-    if fn is None or not callable(fn):
+    if not inspect.isfunction(fn):
+        # absent, or a static/class method or other descriptor: a plain function
+        # in its place would not be called as it is (the audit stays off there)
         return False
     if getattr(fn, "__kvest_audit__", None) is not None:
         return True

@@ -815,13 +815,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # each configuration's first finding is printed below, with its configuration
     logging.getLogger("kvest.sglang").setLevel(logging.ERROR)
-    missing = audit.install(every=1)
+    try:
+        missing = audit.install(every=1)
+    except Exception as exc:
+        missing = [f"a driver error: {_where(exc)}"]
     if not audit.installed():
         print(f"kvest audit: cannot attach to this SGLang ({s.version}): {'; '.join(missing)}",
               file=sys.stderr)
         return 2
     try:
         return _main(args, steps, s.version, start)
+    except Exception as exc:  # the driver's own: it found nothing, it failed
+        print(f"kvest audit: a driver error: {_where(exc)}", file=sys.stderr)
+        return 2
     finally:
         print(f"full run: {time.monotonic() - start:.0f} s")
 
