@@ -42,6 +42,7 @@ class Behaviour:
 class StandInWorld:
     def __init__(self, config, max_running=10):
         self.behaviour = config.seed
+        self.pool = POOL.get(config.pool, "PagedTokenToKVPoolAllocator")
         self.steps = self.retractions = self.evictions = self.window_frees = 0
         self.prefix_hits = 0
 
@@ -55,6 +56,8 @@ class StandInWorld:
             audit.AUDIT.steps += 1
             if b == Behaviour.ALLOC_FAILS:
                 audit.AUDIT.failed_after_fits += 1
+                audit.AUDIT.first[audit.Kind.FAILED] = audit.Finding(
+                    audit.Kind.FAILED, self.pool, "the check said 16 tokens fit", 6)
                 raise RuntimeError("HiSparse _grow_device_buffers failed")
             raise KeyError("not an allocation failure")
         self.steps += 1
@@ -64,9 +67,14 @@ class StandInWorld:
         audit.AUDIT.steps += 1
         if b == Behaviour.UNDERCOUNT and self.steps == 7:
             audit.AUDIT.undercounts += 1
+            audit._counts(self.pool).undercounts += 1
             audit.AUDIT.first[audit.Kind.UNDERCOUNT] = audit.Finding(
-                audit.Kind.UNDERCOUNT, "P", "the estimate was 2 tokens and the pool was "
+                audit.Kind.UNDERCOUNT, self.pool, "the estimate was 2 tokens and the pool was "
                 "asked for 10", audit.AUDIT.steps + audit.AUDIT.unpaired)
+
+
+DEVICE_POOL = "HiSparseTokenToKVPoolAllocator.hisparse_attn_allocator"
+POOL = {ar.Pool.HISPARSE: DEVICE_POOL}  # where the stand-in's undercount shows
 
 
 def config(behaviour: int, pool: str = "paged") -> ar.Config:
@@ -83,7 +91,8 @@ def command(monkeypatch):
     monkeypatch.setattr(audit, "install", lambda every=None: [])
     monkeypatch.setattr(audit, "installed", lambda: True)
 
-    def run(configs, *argv):
+    def run(configs, *argv, version="0.5.20"):
+        monkeypatch.setattr(ar, "sg", lambda: SimpleNamespace(version=version))
         monkeypatch.setattr(ar, "matrix", lambda quick, pools, seed: list(configs))
         audit.reset()
         return ar.main(["--steps", "20", *argv])
@@ -220,3 +229,53 @@ def test_an_error_anywhere_in_the_driver_is_exit_2_never_1(command, monkeypatch,
     monkeypatch.setattr(audit, "installed", lambda: False)
     assert ar.main(["--steps", "5"]) == 2
     assert "cannot attach" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ known findings
+
+
+def test_a_known_finding_is_marked_and_can_be_ignored(command, capsys):
+    """0.5.23 today: HiSparse's undercount always exits 1."""
+    hisparse = config(Behaviour.UNDERCOUNT, "hisparse")
+    assert command([config(Behaviour.COMPARED), hisparse], version="0.5.23") == 1
+    out = capsys.readouterr().out
+    assert ("known finding, in 1 configurations: hisparse-device-buffer-padding: HiSparse "
+            "device buffer padded past its cap: two pages where the estimate counts one") in out
+    assert "known: hisparse-device-buffer-padding" in out and "new findings" not in out
+    # gated on what the operator runs: the known finding ignored, the run's answer is 0
+    assert command([config(Behaviour.COMPARED), hisparse], "--known-findings", "ignore",
+                   version="0.5.23") == 0
+    out = capsys.readouterr().out
+    assert "No new undercount and no new bookkeeping gap" in out
+    assert "known findings ignored (--known-findings=ignore): hisparse" in out
+
+
+@pytest.mark.parametrize("where", ["another allocator", "an earlier release", "no registry"])
+def test_a_finding_kvest_does_not_know_still_exits_1(command, capsys, monkeypatch, where):
+    finding = config(Behaviour.UNDERCOUNT, "paged" if where == "another allocator"
+                     else "hisparse")
+    if where == "no registry":  # the registry is what makes it known
+        monkeypatch.setattr(ar.registry, "KNOWN_FINDINGS", ())
+    version = "0.5.12" if where == "an earlier release" else "0.5.23"
+    assert command([finding], "--known-findings", "ignore", version=version) == 1
+    out = capsys.readouterr().out
+    assert "new findings (not among kvest's known ones): undercount in" in out
+    assert "new: not among kvest's known findings" in out
+
+
+def test_ignoring_known_findings_never_hides_a_configuration_not_driven(command, capsys):
+    configs = [config(Behaviour.UNDERCOUNT, "hisparse"), config(Behaviour.NO_PREFIX_LEN)]
+    assert command(configs, "--known-findings", "ignore", version="0.5.23") == 2
+    capsys.readouterr()
+
+
+def test_the_registry_holds_what_kvest_knows_of_a_release():
+    from kvest.sglang import registry
+
+    (hisparse,) = [k for k in registry.KNOWN_FINDINGS
+                   if k.name == "hisparse-device-buffer-padding"]
+    assert hisparse.releases == ("0.5.13", None) and hisparse.fixed_in is None
+    assert ("undercount", DEVICE_POOL) in hisparse.shows_as and hisparse.reference
+    assert ar.known("undercount", DEVICE_POOL, config(0, "hisparse"), "0.5.23") is hisparse
+    assert ar.known("undercount", DEVICE_POOL, config(0, "hisparse"), "0.5.12") is None
+    assert ar.known("bookkeeping gap", DEVICE_POOL, config(0, "hisparse"), "0.5.23") is None

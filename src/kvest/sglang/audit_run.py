@@ -41,11 +41,12 @@ from collections.abc import Mapping
 from types import MappingProxyType, SimpleNamespace
 from typing import Any, NamedTuple
 
-from kvest.sglang import audit
-from kvest.sglang.registry import ALLOC_SIZING
+from kvest.sglang import audit, registry
+from kvest.sglang.registry import ALLOC_SIZING, KnownFinding
 from kvest.sglang.standins import assign_torch
 
-__all__ = ["Config", "Result", "Spec", "main", "matrix", "run"]
+__all__ = ["Config", "KnownPolicy", "Outcome", "Result", "Spec", "found", "known", "main",
+           "matrix", "run"]
 
 SWA_INTERVAL = "SGLANG_SWA_EVICTION_INTERVAL"
 
@@ -144,6 +145,7 @@ class Result(NamedTuple):
     asked: int = 0  # decode steps asked for
     outcome: Outcome = Outcome.DRIVEN
     first_steps: Mapping[str, int] = MappingProxyType({})  # kind -> the step it was first in
+    first_pools: Mapping[str, str] = MappingProxyType({})  # kind -> the pool it was first in
 
     @property
     def bad(self) -> bool:
@@ -627,11 +629,12 @@ def run(config: Config, steps: int, max_running: int = 10) -> Result:
                  "window_frees": getattr(world, "window_frees", 0),
                  "prefix_hits": getattr(world, "prefix_hits", 0)}
     first_steps = {k.value: f.step for k, f in audit.AUDIT.first.items()}
+    first_pools = {k.value: f.pool for k, f in audit.AUDIT.first.items()}
     return Result(config, report["steps"], report["undercounts"], overcounts,
                   report["bookkeeping_gaps"], getattr(world, "retractions", 0), exercised,
                   ended, dict(report["first"]), report,
                   undriven(outcome, driven, steps, report, ended), driven, steps, outcome,
-                  first_steps)
+                  first_steps, first_pools)
 
 
 # ------------------------------------------------------------------ the matrix
@@ -770,6 +773,67 @@ def _pools_found(results: list[Result], key: str) -> dict[str, int]:
     return found
 
 
+class KnownPolicy(enum.Enum):
+    """What a finding kvest knows (registry.KNOWN_FINDINGS) does to the exit status."""
+
+    FAIL = "fail"  # exit 1, as a new one does (marked known)
+    IGNORE = "ignore"  # marked known, printed, and the exit status ignores it
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """A release's leading numbers ("0.5.23.post1" -> (0, 5, 23))."""
+    parts = []
+    for part in version.split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        parts.append(int(digits[0]))
+        if digits[0] != part:
+            break
+    return tuple(parts)
+
+
+def found(result: Result) -> list[tuple[str, str]]:
+    """What ``result`` found: (kind, pool) for each pool with undercounts or gaps,
+    and each kind's first finding (an allocation failure after fits has only that)."""
+    out = []
+    for pool, counts in result.report.get("pools", {}).items():
+        if counts.get("undercounts"):
+            out.append((audit.Kind.UNDERCOUNT.value, pool))
+        if counts.get("bookkeeping_gaps"):
+            out.append((audit.Kind.GAP.value, pool))
+    kinds = set(result.findings)
+    if result.report.get("failed_after_fits"):
+        kinds.add(audit.Kind.FAILED.value)
+    for kind in sorted(kinds):  # each kind's first, whatever the pools say
+        first = (kind, result.first_pools.get(kind, ""))
+        if first not in out:
+            out.append(first)
+    return out
+
+
+def known(kind: str, pool: str, config: Config, version: str) -> KnownFinding | None:
+    """The finding kvest knows that (kind, pool) in ``config`` on ``version`` is, if any."""
+    release = _release(version)
+    for k in registry.KNOWN_FINDINGS:
+        first, last = k.releases
+        if ((kind, pool) in k.shows_as and str(config.pool) in k.allocators
+                and _release(first) <= release
+                and (last is None or release <= _release(last))):
+            return k
+    return None
+
+
+def _known_words(k: KnownFinding) -> str:
+    first, last = k.releases
+    fixed = f"fixed in {k.fixed_in}" if k.fixed_in else "not fixed"
+    return (f"{k.name}: {k.text} (releases {first} to {last or 'this one'}, {fixed}; "
+            f"{k.reference})")
+
+
 def command(config: Config, steps: int, max_running: int) -> str:
     """The command line that runs ``config`` alone, as the matrix ran it."""
     return shlex.join(["python", "-m", "kvest", "audit", "--config", str(config),
@@ -800,6 +864,13 @@ def main(argv: list[str] | None = None) -> int:
                      help="run this one configuration, as the table's reproducer prints it")
     top.add_argument("--max-running", type=int, default=10,
                      help="at most this many requests in the decode batch (default 10)")
+    top.add_argument("--known-findings", type=KnownPolicy, choices=list(KnownPolicy),
+                     default=KnownPolicy.FAIL,
+                     help="a finding kvest already knows in this release "
+                          "(kvest.sglang.registry.KNOWN_FINDINGS): 'fail' (default) exits 1 "
+                          "as a new one does; 'ignore' marks it known and exits 0 if nothing "
+                          "else was found, so that with --allocator an operator can gate an "
+                          "upgrade on what they run")
     args = top.parse_args(argv)
     steps = args.steps if args.steps is not None else (150 if args.quick else 400)
     if steps < 1:
@@ -855,6 +926,9 @@ def _main(args: argparse.Namespace, steps: int, version: str, start: float) -> i
         results.append(result)
         flag = " UNDERCOUNT" if result.undercounts else ""
         flag += " GAP" if result.gaps else ""
+        if result.bad:
+            flag += " (known)" if all(known(k, p, config, version) for k, p in
+                                      found(result)) else " (new)"
         flag += " NOT DRIVEN" if result.skipped else ""
         print(f"[{i}/{len(configs)} {time.monotonic() - start:5.0f}s] {config}: "
               f"{result.steps} of {result.driven} steps compared{flag}", file=sys.stderr,
@@ -874,9 +948,18 @@ def _main(args: argparse.Namespace, steps: int, version: str, start: float) -> i
             if n:
                 print(f"{what}: {n}")
             continue
-        found = _pools_found(results, key)
-        if found:
-            print(f"{what}: " + ", ".join(f"{n} in {pool}" for pool, n in found.items()))
+        by_pool = _pools_found(results, key)
+        if by_pool:
+            print(f"{what}: " + ", ".join(f"{n} in {pool}" for pool, n in by_pool.items()))
+    marks = {(r.config, kind, pool): known(kind, pool, r.config, version)
+             for r in bad for kind, pool in found(r)}
+    new = sorted({f"{kind} in {pool}" for (_, kind, pool), k in marks.items() if k is None})
+    seen = {k.name: k for k in marks.values() if k is not None}
+    for k in seen.values():
+        configs = len({c for (c, _, _), m in marks.items() if m is k})
+        print(f"known finding, in {configs} configurations: {_known_words(k)}")
+    if new:
+        print("new findings (not among kvest's known ones): " + ", ".join(new))
     shown: set[str] = set()
     for r in bad:
         for kind, text in r.findings.items():
@@ -885,19 +968,23 @@ def _main(args: argparse.Namespace, steps: int, version: str, start: float) -> i
             shown.add(kind)
             small = _smallest(r.config, steps, kind, args.max_running)
             running, at, text = small or (args.max_running, r.first_steps.get(kind), text)
+            k = known(kind, r.first_pools.get(kind, ""), r.config, version)
             print(f"\nreproducer, first {kind}: configuration {r.config}, at most {running} "
                   f"running requests, decode step {at} of this configuration\n"
-                  f"  {command(r.config, steps, running)}\n  {text}")
+                  f"  {command(r.config, steps, running)}\n  {text}\n  "
+                  + (f"known: {k.name}" if k else "new: not among kvest's known findings"))
     if undriven_:
         print(f"\n{len(undriven_)} of {len(results)} configurations not driven: the run "
               "supports no answer for them (exit 2)")
         for r in undriven_:
             print(f"  {r.config}: {r.skipped}\n    {command(r.config, steps, args.max_running)}")
         return 2
-    if bad:
+    if new or (seen and args.known_findings is KnownPolicy.FAIL):
         return 1
-    print(f"No undercount and no bookkeeping gap: every one of the {len(results)} "
-          "configurations driven, and its steps compared.")
+    print(f"No {'new ' if seen else ''}undercount and no {'new ' if seen else ''}bookkeeping "
+          f"gap: every one of the {len(results)} configurations driven, and its steps compared"
+          + (f"; known findings ignored (--known-findings=ignore): {', '.join(seen)}."
+             if seen else "."))
     return 0
 
 
