@@ -134,14 +134,15 @@ class _Step:
     thread's pools do never counts in another thread's step)."""
 
     __slots__ = ("__weakref__", "allocator", "asked", "before", "check", "countdown", "depth",
-                 "every", "handed", "pools", "read_ns", "refused", "reqs", "seq_lens", "window")
+                 "every", "handed", "pools", "read_ns", "reqs", "seq_lens", "window")
 
     def __init__(self) -> None:
         self.window = False  # inside prepare_for_decode
         self.depth = 0  # inside a pool's allocation method (counted once)
         self.handed: dict[Any, int] = {}  # pool -> tokens handed out in this step
-        self.asked: dict[Any, int] = {}  # pool -> tokens asked and refused (alloc(n))
-        self.refused = False  # a pool refused an allocation (returned None) in this step
+        # pool -> tokens asked and refused (alloc(n); 0 where the size is not known):
+        # a pool here refused an allocation in this step
+        self.asked: dict[Any, int] = {}
         # the last check_decode_capacity call: (allocator, args, kwargs, its answer)
         self.check: tuple[Any, tuple[Any, ...], dict[str, Any], Any] | None = None
         self.every = _FIXED_EVERY or 1  # read the lengths every this many steps
@@ -328,19 +329,20 @@ def _pool_alloc(original: Any) -> Any:
             out = original(self, *args, **kwargs)
         finally:
             step.depth = 0
-        if out is None:
-            step.refused = True
         if before is not None:
             try:
                 taken = before - self.available_size()
                 if taken > 0:
                     handed = step.handed
                     handed[self] = handed.get(self, 0) + taken
-                elif out is None and sig is not None:
-                    asked = int(_argument(sig, 0, (self, *args), kwargs))
+                elif out is None:  # refused (what alloc(n) asked for; the others' unknown)
+                    asked = int(_argument(sig, 0, (self, *args), kwargs)) if sig else 0
                     step.asked[self] = step.asked.get(self, 0) + asked
             except Exception as exc:
+                step.asked.setdefault(self, 0)  # refused all the same
                 _error(exc)
+        elif out is None:
+            step.asked.setdefault(self, 0)
         return out
 
     return _mark(alloc, original)
@@ -360,9 +362,12 @@ def _capacity(original: Any) -> Any:
             step = _LOCAL.step
         except AttributeError:
             step = _new_step()
-        if not args and "num_tokens" in kwargs and "requests" in kwargs:  # check_decode_mem's
-            step.check = (self, kwargs["num_tokens"], kwargs["requests"], fits)
-            return fits
+        if not args:  # check_decode_mem's call: all by keyword
+            try:
+                step.check = (self, kwargs["num_tokens"], kwargs["requests"], fits)
+                return fits
+            except KeyError:
+                pass
         try:
             call = (self, *args)
             tokens = _argument(sig, "num_tokens", call, kwargs)
@@ -425,7 +430,6 @@ def _decode_step(original: Any) -> Any:
                 step.handed = {}
             if step.asked:
                 step.asked = {}
-            step.refused = False
             step.check = None
             step.reqs = step.before = None
 
@@ -541,13 +545,13 @@ def _end(step: _Step, batch: Any, est: int | None, fits: Any, raised: str | None
             if Kind.UNDERCOUNT not in audit.first:
                 _found(Kind.UNDERCOUNT, short_pool, batch,
                        f"the estimate was {est} tokens and the pool was asked for {est + worst}")
-        if raised and fits and step.refused:
+        if raised and fits and step.asked:
             audit.failed_after_fits += 1
             if Kind.FAILED not in audit.first:
                 _found(Kind.FAILED, short_pool or pools.pools[0][0], batch,
                        f"the check said {est} tokens fit, a pool refused an allocation, "
                        f"and the step raised {raised}")
-    if raised and not step.refused:  # not an allocation failure: not the estimate's
+    if raised and not step.asked:  # no pool refused: not an allocation failure
         audit.raised_other += 1
         audit.last_raised = raised
     if step.reqs is not None:
