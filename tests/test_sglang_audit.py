@@ -658,3 +658,37 @@ def test_a_check_that_is_not_a_plain_function_is_left_alone(audited, monkeypatch
     missing = audit.install(every=1)
     assert any("check_decode_capacity" in m for m in missing) and not audit.installed()
     assert PagedTokenToKVPoolAllocator(100, 4).check_decode_capacity(num_tokens=3) is True
+
+
+def test_the_step_raises_upstreams_exception_even_one_that_cannot_be_printed(audited):
+    class Unprintable(Exception):
+        def __str__(self):
+            raise ValueError("no words")
+
+    batch = ScheduleBatch([Req(3)], PagedTokenToKVPoolAllocator(100, 4))
+    error = Unprintable()
+
+    def body():
+        raise error
+
+    batch.body = body
+    assert batch.check_decode_mem()
+    with pytest.raises(Unprintable) as raised:
+        batch.prepare_for_decode()
+    assert raised.value is error
+    assert audit.report()["raised_other"] == 1
+
+
+def test_a_pool_that_cannot_be_a_dict_key_is_passed_through(audited):
+    class Unhashable(TokenToKVPoolAllocator):
+        __hash__ = None
+
+        def __eq__(self, other):
+            return self is other
+
+    audit._wrap(Unhashable, "alloc", audit._pool_alloc)
+    pool = Unhashable(2)
+    batch = ScheduleBatch([Req(3)], pool)
+    batch.body = lambda: pool.alloc(5)  # refused
+    assert step(batch)
+    assert pool.free == 2 and audit.report()["errors"] >= 1  # counted, never raised

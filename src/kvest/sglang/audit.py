@@ -339,10 +339,13 @@ def _pool_alloc(original: Any) -> Any:
                     asked = int(_argument(sig, 0, (self, *args), kwargs)) if sig else 0
                     step.asked[self] = step.asked.get(self, 0) + asked
             except Exception as exc:
-                step.asked.setdefault(self, 0)  # refused all the same
                 _error(exc)
+                if out is None:  # refused all the same
+                    with contextlib.suppress(Exception):  # (a pool that cannot be a key)
+                        step.asked.setdefault(self, 0)
         elif out is None:
-            step.asked.setdefault(self, 0)
+            with contextlib.suppress(Exception):
+                step.asked.setdefault(self, 0)
         return out
 
     return _mark(alloc, original)
@@ -416,7 +419,10 @@ def _decode_step(original: Any) -> Any:
         try:
             return original(self, *args, **kwargs)
         except BaseException as exc:
-            raised = f"{type(exc).__name__}: {exc}"
+            try:
+                raised = f"{type(exc).__name__}: {exc}"
+            except Exception:  # an exception whose str() raises: upstream's, still raised
+                raised = type(exc).__name__
             raise
         finally:
             step.window = False
