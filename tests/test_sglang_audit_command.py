@@ -279,3 +279,8 @@ def test_the_registry_holds_what_kvest_knows_of_a_release():
     assert ar.known("undercount", DEVICE_POOL, config(0, "hisparse"), "0.5.23") is hisparse
     assert ar.known("undercount", DEVICE_POOL, config(0, "hisparse"), "0.5.12") is None
     assert ar.known("bookkeeping gap", DEVICE_POOL, config(0, "hisparse"), "0.5.23") is None
+
+
+def test_no_configuration_listed_is_no_all_clear(command, capsys):
+    assert command([]) == 2
+    assert "no configuration to drive" in capsys.readouterr().err

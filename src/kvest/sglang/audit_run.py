@@ -918,6 +918,9 @@ def _main(args: argparse.Namespace, steps: int, version: str, start: float) -> i
         print(f"kvest audit: the configurations of SGLang {version} cannot be listed: "
               f"{_where(exc)}", file=sys.stderr)
         return 2
+    if not configs:  # nothing listed is nothing driven: no all-clear
+        print(f"kvest audit: no configuration to drive on SGLang {version}", file=sys.stderr)
+        return 2
     print(f"kvest audit: SGLang {version}, {len(configs)} configurations, {steps} decode "
           "steps each", file=sys.stderr)
     results = []
