@@ -143,8 +143,9 @@ class _Step:
         # pool -> tokens asked and refused (alloc(n); 0 where the size is not known):
         # a pool here refused an allocation in this step
         self.asked: dict[Any, int] = {}
-        # the last check_decode_capacity call: (allocator, args, kwargs, its answer)
-        self.check: tuple[Any, tuple[Any, ...], dict[str, Any], Any] | None = None
+        # the last check_decode_capacity call: (allocator, the estimate, the requests
+        # it counted, its answer)
+        self.check: tuple[Any, Any, Any, Any] | None = None
         self.every = _FIXED_EVERY or 1  # read the lengths every this many steps
         self.countdown = 0
         # the step in progress: its allocator, pools, and on a sampled step the
@@ -336,7 +337,7 @@ def _pool_alloc(original: Any) -> Any:
                     handed = step.handed
                     handed[self] = handed.get(self, 0) + taken
                 elif out is None:  # refused (what alloc(n) asked for; the others' unknown)
-                    asked = int(_argument(sig, 0, (self, *args), kwargs)) if sig else 0
+                    asked = int(_argument(sig, 0, (self, *args), kwargs)) if sig is not None else 0
                     step.asked[self] = step.asked.get(self, 0) + asked
             except Exception as exc:
                 _error(exc)

@@ -16,7 +16,8 @@ pools hand out, and every step's recorded lengths with it.
 Exit status (:func:`main`): 0 only when every configuration listed was driven
 (its decode steps, nearly all compared: :data:`COMPARED_MIN`) and nothing was
 found; 1 an undercount, a bookkeeping gap or an allocation failure after the
-check said the step fits; 2 a configuration not driven (named, with its
+check said the step fits (with ``--known-findings=ignore``, only one that
+``registry.KNOWN_FINDINGS`` does not hold); 2 a configuration not driven (named, with its
 reason; a driver error is one), a usage error, or no SGLang scheduler the
 audit can attach to.  2 wins over 1: findings are printed either way.
 """
