@@ -86,7 +86,7 @@ class ScheduleBatch:
     def prepare_for_decode(self):
         alloc = self.token_to_kv_pool_allocator
         pools = getattr(alloc, "logical_attn_allocator", alloc)
-        pools.alloc_decode(None)
+        pools.alloc_decode(self.reqs)  # handed out (None would be a refusal: out of memory)
         device = getattr(alloc, "hisparse_attn_allocator", None)
         if device is not None:
             device.alloc(8)

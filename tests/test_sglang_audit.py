@@ -143,6 +143,8 @@ class ScheduleBatch:
             spec_algorithm=self.spec_algorithm)
 
     def prepare_for_decode(self):
+        if getattr(self, "body", None) is not None:  # a test's own step
+            return self.body()
         alloc = self.token_to_kv_pool_allocator
         p = alloc.page_size
         if not self.spec_algorithm.on:
@@ -284,6 +286,9 @@ def test_bookkeeping_gap_of_the_0515_shape(audited):
     # 33 -> 41 recorded inside the page it held (48): 7 short; 64 -> 72 of 80: 8 short
     assert pool["gap_tokens"] == 15 and pool["bookkeeping_gaps"] == 1
     assert "kv_allocated_len grew by" in report["first"]["bookkeeping gap"]
+    # the record the step left off a page boundary is named, in those words
+    assert ("a record that is not page-aligned: request 0's kv_allocated_len went from 33 "
+            "to 41 at page size 16") in report["first"]["bookkeeping gap"]
 
 
 def test_recorded_growth():
@@ -357,7 +362,7 @@ def test_status_has_the_documented_audit_keys(audited):
         "installed", "missing", "steps", "unpaired", "undercounts", "short_tokens",
         "failed_after_fits", "overcount_slack", "bookkeeping_steps", "bookkeeping_gaps",
         "gap_tokens", "reserved_uncommitted", "lengths_every", "lengths_read", "pools",
-        "not_audited", "first", "errors"}
+        "not_audited", "first", "errors", "raised_other", "last_raised", "last_error"}
     assert set(report["pools"]["PagedTokenToKVPoolAllocator"]) == {
         "steps", "undercounts", "short_tokens", "overcounts", "overcount_slack", "handed_out",
         "bookkeeping_steps", "bookkeeping_gaps", "gap_tokens"}
@@ -433,3 +438,257 @@ def test_audit_command_usage_errors_exit_2(capsys):
             main(argv)
         assert exit_.value.code == 2
     assert "usage: python -m kvest audit" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ invisible wrappers
+# Every function the audit wraps must receive exactly what it would unwrapped
+# (its own defaults, by position or by keyword) and raise only what it raises.
+
+
+def _received(fn):
+    """``fn`` that records what it received, as its own signature binds it."""
+    import inspect
+
+    calls = []
+    sig = inspect.signature(fn)
+
+    def recording(*args, **kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        calls.append({k: v for k, v in bound.arguments.items() if k != "self"})
+        return fn(*args, **kwargs)
+
+    recording.__signature__ = sig
+    recording.__name__ = fn.__name__
+    recording.__qualname__ = fn.__qualname__
+    return recording, calls
+
+
+def _kw_other_defaults(self, *, num_tokens, tree_cache=None, requests=None,
+                       spec_algorithm="own default"):
+    return ("fits", num_tokens, tree_cache, spec_algorithm)
+
+
+def _positional(self, num_tokens, tree_cache=None, requests=None, spec_algorithm=None):
+    return ("fits", num_tokens, tree_cache)
+
+
+def _var_kwargs(self, num_tokens, **rest):
+    return ("fits", num_tokens, tuple(sorted(rest)))
+
+
+def _positional_only(self, num_tokens, tree_cache="mine", /, requests=None):
+    return ("fits", num_tokens, tree_cache)
+
+
+CHECKS = [  # (upstream's signature, calls (args, kwargs) it accepts)
+    (_kw_other_defaults, [((), {"num_tokens": 4}), ((), {"num_tokens": 4, "requests": [1]}),
+                          ((), {"num_tokens": 4, "tree_cache": "t", "requests": [1],
+                                "spec_algorithm": None})]),
+    (_positional, [((4,), {}), ((4, "t", [1]), {}), ((), {"num_tokens": 4, "requests": [1]}),
+                   ((4,), {"spec_algorithm": "s"})]),
+    (_var_kwargs, [((4,), {}), ((), {"num_tokens": 4, "requests": [1], "x": 1})]),
+    (_positional_only, [((4,), {}), ((4, "t"), {"requests": [1]})]),
+]
+
+
+@pytest.mark.parametrize("fn,calls", CHECKS, ids=[fn.__name__ for fn, _ in CHECKS])
+def test_the_capacity_check_gets_its_own_arguments_and_defaults(fn, calls):
+    bare, got_bare = _received(fn)
+    wrapped_fn, got_wrapped = _received(fn)
+    wrapped = audit._capacity(wrapped_fn)
+    me = object()
+    for args, kwargs in calls:
+        expected = bare(me, *args, **kwargs)
+        assert wrapped(me, *args, **kwargs) == expected
+        # the estimate and the requests, read as the function binds them
+        check = audit._this_step().check
+        assert check[0] is me and check[1] == 4 and check[3] == expected
+        assert check[2] == ([1] if "requests" in kwargs or len(args) > 2 else None)
+    assert got_wrapped == got_bare  # argument for argument, defaults included
+    # a call upstream refuses raises upstream's own error, unchanged
+    bad = [((), {})] + ([((4,), {"bogus": 1})] if fn is not _var_kwargs else [])
+    for args, kwargs in bad:
+        with pytest.raises(TypeError) as bare_error:
+            fn(me, *args, **kwargs)
+        with pytest.raises(TypeError) as wrapped_error:
+            audit._capacity(fn)(me, *args, **kwargs)
+        assert str(wrapped_error.value) == str(bare_error.value)
+    import inspect
+
+    assert inspect.signature(wrapped) == inspect.signature(wrapped_fn)
+
+
+def test_an_installed_check_with_other_defaults_still_returns(monkeypatch, audited):
+    """0.5.23's parameter names, other defaults: called as upstream allows."""
+    base = sys.modules[registry.ALLOCATOR_BASE].BaseTokenToKVPoolAllocator
+    audit.uninstall()
+    monkeypatch.setattr(base, "check_decode_capacity", _kw_other_defaults)
+    assert audit.install(every=1) == []
+    alloc = PagedTokenToKVPoolAllocator(100, 4)
+    assert alloc.check_decode_capacity(num_tokens=4) == ("fits", 4, None, "own default")
+    assert alloc.check_decode_capacity(num_tokens=4, requests=None) == \
+        _kw_other_defaults(alloc, num_tokens=4)
+
+
+class KeywordPool(TokenToKVPoolAllocator):
+    """A pool whose alloc the step calls by keyword (and once with its default)."""
+
+    def alloc(self, need_size=8):
+        return super().alloc(need_size)
+
+
+@pytest.mark.parametrize("call", ["keyword", "default", "positional"])
+def test_a_refusal_counts_however_its_size_is_passed(audited, call):
+    audit._wrap(KeywordPool, "alloc", audit._pool_alloc)
+    asked = {"keyword": 200, "default": 8, "positional": 200}[call]
+
+    pool = KeywordPool(2)
+
+    def body():
+        out = (pool.alloc(need_size=200) if call == "keyword" else
+               pool.alloc() if call == "default" else pool.alloc(200))
+        assert out is None  # refused: 2 tokens left
+
+    batch = ScheduleBatch([Req(3), Req(4)], pool)
+    batch.body = body
+    assert step(batch)  # the estimate: 2 tokens, which fit
+    report = audit.report()
+    counts = report["pools"]["KeywordPool"]
+    assert counts["undercounts"] == 1 and counts["short_tokens"] == asked - 2
+    assert report["short_tokens"] == asked - 2
+
+
+def test_what_one_thread_does_never_changes_another_threads_step(audited):
+    """One thread sits inside another pool's alloc while this thread's step
+    allocates 10 tokens against an estimate of 2."""
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+
+    class SlowPool(TokenToKVPoolAllocator):
+        def alloc(self, need):
+            inside.set()
+            release.wait(30)
+            return super().alloc(need)
+
+    audit._wrap(SlowPool, "alloc", audit._pool_alloc)
+    other = ScheduleBatch([Req(1)], SlowPool(100))
+    errors = []
+
+    def other_thread():
+        try:
+            step(other)
+        except Exception as exc:  # pragma: no cover (shown by the assertion below)
+            errors.append(exc)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    try:
+        assert inside.wait(30)
+
+        mine = ScheduleBatch([Req(1), Req(2)], TokenToKVPoolAllocator(100))
+        mine.body = lambda: mine.token_to_kv_pool_allocator.alloc(10)
+        assert step(mine)
+        report = audit.report()
+        assert report["undercounts"] == 1 and report["short_tokens"] == 8
+    finally:
+        release.set()
+        thread.join(30)
+    assert not errors
+    # and the other thread's step was counted in its own thread, once
+    assert audit.report()["steps"] == 2
+    assert audit.report()["pools"]["SlowPool"]["handed_out"] == 1
+
+
+def test_a_pool_raises_only_its_own_errors(audited):
+    class Broken(TokenToKVPoolAllocator):
+        def available_size(self):
+            raise OSError("the audit's read fails")
+
+        def alloc(self, need):
+            raise ValueError(need)
+
+    pool = Broken(10)
+    wrapped = audit._pool_alloc(Broken.alloc)
+    audit._this_step().window = True
+    try:
+        with pytest.raises(ValueError) as error:
+            wrapped(pool, need=3)
+        assert error.value.args == (3,)
+    finally:
+        audit._this_step().window = False
+
+
+def test_failed_after_fits_counts_only_an_allocation_failure(audited):
+    alloc = HiSparseTokenToKVPoolAllocator(4096, 16)
+
+    batch = ScheduleBatch([Req(32)], alloc)
+
+    def body():
+        alloc.alloc_decode([33])
+        raise KeyError("not an allocation failure")
+
+    batch.body = body
+    assert batch.check_decode_mem()
+    with pytest.raises(KeyError):
+        batch.prepare_for_decode()
+    report = audit.report()
+    assert report["failed_after_fits"] == 0
+    assert report["raised_other"] == 1 and "KeyError" in report["last_raised"]
+    # a pool refusing in the step, then the step raising: an allocation failure
+    alloc.hisparse_attn_allocator.free = 16
+    batch = ScheduleBatch([Req(32)], alloc, extra_device_pages=2, raise_in_step=True)
+    assert batch.check_decode_mem()
+    with pytest.raises(RuntimeError):
+        batch.prepare_for_decode()
+    assert audit.report()["failed_after_fits"] == 1
+    assert "a pool refused an allocation" in audit.report()["first"]["failed after fits"]
+
+
+def test_a_check_that_is_not_a_plain_function_is_left_alone(audited, monkeypatch):
+    """A static method wrapped as a plain function would be passed ``self``."""
+    base = sys.modules[registry.ALLOCATOR_BASE].BaseTokenToKVPoolAllocator
+    audit.uninstall()
+
+    def check(*, num_tokens, tree_cache=None, requests=None, spec_algorithm=None):
+        return num_tokens < 10
+
+    monkeypatch.setattr(base, "check_decode_capacity", staticmethod(check))
+    missing = audit.install(every=1)
+    assert any("check_decode_capacity" in m for m in missing) and not audit.installed()
+    assert PagedTokenToKVPoolAllocator(100, 4).check_decode_capacity(num_tokens=3) is True
+
+
+def test_the_step_raises_upstreams_exception_even_one_that_cannot_be_printed(audited):
+    class Unprintable(Exception):
+        def __str__(self):
+            raise ValueError("no words")
+
+    batch = ScheduleBatch([Req(3)], PagedTokenToKVPoolAllocator(100, 4))
+    error = Unprintable()
+
+    def body():
+        raise error
+
+    batch.body = body
+    assert batch.check_decode_mem()
+    with pytest.raises(Unprintable) as raised:
+        batch.prepare_for_decode()
+    assert raised.value is error
+    assert audit.report()["raised_other"] == 1
+
+
+def test_a_pool_that_cannot_be_a_dict_key_is_passed_through(audited):
+    class Unhashable(TokenToKVPoolAllocator):
+        __hash__ = None
+
+        def __eq__(self, other):
+            return self is other
+
+    audit._wrap(Unhashable, "alloc", audit._pool_alloc)
+    pool = Unhashable(2)
+    batch = ScheduleBatch([Req(3)], pool)
+    batch.body = lambda: pool.alloc(5)  # refused
+    assert step(batch)
+    assert pool.free == 2 and audit.report()["errors"] >= 1  # counted, never raised

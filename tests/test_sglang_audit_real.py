@@ -28,6 +28,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -71,6 +72,9 @@ def test_hisparse_undercount_is_found_in_the_device_pool(page, order):
     result = ar.run(config("hisparse", page, order=order, seed=55), STEPS)
     pools = result.report["pools"]
     assert result.steps > 0 and result.skipped is None
+    # driven to the end, or to SGLang's own allocation failure after "fits"
+    assert result.outcome in (ar.Outcome.DRIVEN, ar.Outcome.FAILED_AFTER_FITS), result.ended
+    assert result.report["raised_other"] == 0
     assert result.undercounts > 0
     assert pools[DEVICE_POOL]["undercounts"] == result.undercounts
     assert pools[DEVICE_POOL]["short_tokens"] >= page * result.undercounts
@@ -273,6 +277,12 @@ def test_metrics_through_prometheus_multiprocess(tmp_path, switch):
     assert sum("first undercount" in line for line in done.stderr.splitlines()) == 1
 
 
+def _command(*argv: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "kvest", "audit", *argv], env=env,
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
 def test_the_command_exits_1_and_names_the_pool():
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     done = subprocess.run([sys.executable, "-m", "kvest", "audit", "--allocator", "hisparse",
@@ -286,9 +296,104 @@ def test_the_command_exits_1_and_names_the_pool():
     rows = [line.split() for line in out.splitlines() if line.startswith(("paged", "hisparse"))]
     assert rows and all(r[6] == "0" for r in rows if r[0] == "paged")  # no false alarm
     assert any(int(r[6]) > 0 for r in rows if r[0] == "hisparse")
+    assert "configurations not driven" not in out
+    # 0.5.23's HiSparse undercount is one kvest knows, and says so
+    assert "known finding, in " in out and "known: hisparse-device-buffer-padding" in out
+    # the reproducer's command line, run, finds the same thing in the same step
+    head, line = out.split("reproducer, first undercount: ", 1)[1].splitlines()[:2]
+    argv = shlex.split(line.strip())
+    assert argv[:4] == ["python", "-m", "kvest", "audit"]
+    again = _command(*argv[4:])
+    assert again.returncode == 1, again.stderr[-3000:]
+    step = head.split("decode step ", 1)[1].split(" ", 1)[0]
+    assert f"decode step {step} of this configuration" in again.stdout
+    assert argv[argv.index("--config") + 1] in again.stdout
+
+
+def test_known_findings_ignored_let_an_operator_gate_on_what_they_run():
+    done = _command("--allocator", "hisparse", "--quick", "--steps", "120",
+                    "--known-findings", "ignore")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "known: hisparse-device-buffer-padding" in done.stdout
+    assert "known findings ignored (--known-findings=ignore)" in done.stdout
+    assert "new findings" not in done.stdout
 
 
 def test_the_command_refuses_bad_usage():
     done = subprocess.run([sys.executable, "-m", "kvest", "audit", "--steps", "0"],
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 2 and "--steps" in done.stderr
+
+
+ONE = ["--config", "paged p=16 spec=none plain seed=1", "--steps", "20"]
+
+
+def _main(capsys, argv=ONE) -> tuple[int, str, str]:
+    try:
+        status = ar.main(list(argv))
+        out = capsys.readouterr()
+        return status, out.out, out.err
+    finally:
+        audit.install(every=1)  # as the module's fixture left it
+
+
+def test_the_command_is_exit_0_only_for_a_driven_configuration(capsys):
+    status, out, _ = _main(capsys)
+    assert status == 0, out
+    assert "No undercount and no bookkeeping gap" in out and "full run: " in out
+
+
+def test_a_release_without_req_prefix_len_is_not_driven_exit_2(monkeypatch, capsys):
+    """0.5.20/0.5.21 (Req.prefix_len arrived in 0.5.22): 0 steps driven, never exit 0."""
+    original = sb.Req.init_next_round_input
+
+    def without(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        vars(self).pop("prefix_len", None)
+        return out
+
+    monkeypatch.setattr(sb.Req, "init_next_round_input", without)
+    status, out, _ = _main(capsys)
+    assert status == 2
+    assert "No undercount" not in out
+    assert ("paged p=16 spec=none plain seed=1: not driven: a driver error before its first "
+            "decode step: AttributeError") in out and "prefix_len" in out
+
+
+def test_an_error_in_a_step_that_is_not_an_allocation_failure_is_the_drivers(monkeypatch,
+                                                                              capsys):
+    def broken(batch, token_per_req=1):
+        raise KeyError("no allocation failed")
+
+    monkeypatch.setattr(sb, "alloc_for_decode", broken)
+    result = ar.run(config("paged", 16, seed=1), 20)
+    assert result.outcome is ar.Outcome.DRIVER_ERROR and "KeyError" in result.ended
+    assert result.report["failed_after_fits"] == 0 and result.report["raised_other"] == 1
+    assert not result.bad and result.skipped
+    status, out, _ = _main(capsys)
+    assert status == 2 and "driver error" in out
+
+
+@pytest.mark.parametrize("missing", ["check_decode_capacity", "allocation"])
+def test_without_its_attach_point_the_command_exits_2(monkeypatch, capsys, missing):
+    """0.5.11-0.5.18: no check_decode_capacity, or no sglang.srt.mem_cache.allocation."""
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+
+    audit.uninstall()
+    try:
+        with monkeypatch.context() as patch:
+            if missing == "allocation":
+                patch.setitem(sys.modules, "sglang.srt.mem_cache.allocation", None)
+                ar.sg.cache_clear()
+            else:
+                patch.delattr(BaseTokenToKVPoolAllocator, "check_decode_capacity")
+            status, out, err = _main(capsys)
+    finally:
+        ar.sg.cache_clear()
+        ar.sg()
+        audit.install(every=1)
+    assert status == 2 and out == ""
+    if missing == "allocation":
+        assert "does not import here" in err and "allocation" in err
+    else:
+        assert "cannot attach" in err and "check_decode_capacity" in err

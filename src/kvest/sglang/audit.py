@@ -46,6 +46,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any, NamedTuple
 
 from kvest.sglang import registry
@@ -78,6 +79,7 @@ class Finding(NamedTuple):
     kind: Kind
     pool: str
     text: str
+    step: int  # the decode step it was found in, counted from the last reset
 
 
 @dataclasses.dataclass(slots=True)
@@ -108,7 +110,9 @@ class _Audit:
         self.unpaired = 0  # decode steps with no check of this batch before them
         self.undercounts = 0  # steps with an undercount in some pool
         self.short_tokens = 0  # the most any pool was short, summed over steps
-        self.failed_after_fits = 0
+        self.failed_after_fits = 0  # raised after "fits", with a pool refusing in the step
+        self.raised_other = 0  # steps that raised with no pool refusing: not an allocation failure
+        self.last_raised: str | None = None
         self.bookkeeping_steps = 0
         self.bookkeeping_gaps = 0
         self.gap_tokens = 0
@@ -122,22 +126,27 @@ class _Audit:
 
 
 AUDIT = _Audit()
+_FIXED_EVERY: int | None = None
 
 
 class _Step:
-    """The step in progress (one scheduler thread per process)."""
+    """The step in progress in one thread (each thread has its own: what one
+    thread's pools do never counts in another thread's step)."""
 
-    __slots__ = ("allocator", "asked", "before", "check", "countdown", "depth", "every",
-                 "handed", "pools", "read_ns", "reqs", "seq_lens", "window")
+    __slots__ = ("__weakref__", "allocator", "asked", "before", "check", "countdown", "depth",
+                 "every", "handed", "pools", "read_ns", "reqs", "seq_lens", "window")
 
     def __init__(self) -> None:
         self.window = False  # inside prepare_for_decode
         self.depth = 0  # inside a pool's allocation method (counted once)
         self.handed: dict[Any, int] = {}  # pool -> tokens handed out in this step
-        self.asked: dict[Any, int] = {}  # pool -> tokens asked and refused (alloc(n))
-        # the last check_decode_capacity call: (allocator, args, kwargs, its answer)
-        self.check: tuple[Any, tuple[Any, ...], dict[str, Any], Any] | None = None
-        self.every = 1  # read the lengths every this many steps
+        # pool -> tokens asked and refused (alloc(n); 0 where the size is not known):
+        # a pool here refused an allocation in this step
+        self.asked: dict[Any, int] = {}
+        # the last check_decode_capacity call: (allocator, the estimate, the requests
+        # it counted, its answer)
+        self.check: tuple[Any, Any, Any, Any] | None = None
+        self.every = _FIXED_EVERY or 1  # read the lengths every this many steps
         self.countdown = 0
         # the step in progress: its allocator, pools, and on a sampled step the
         # requests and their kv_allocated_len before it
@@ -149,7 +158,32 @@ class _Step:
         self.read_ns = 0
 
 
-STEP = _Step()
+_STEPS: weakref.WeakSet[_Step] = weakref.WeakSet()  # every thread's, for install and reset
+_STEPS_LOCK = threading.Lock()
+
+
+_LOCAL = threading.local()  # .step: this thread's _Step
+
+
+def _new_step() -> _Step:
+    """This thread's first step (the wrappers' slow path, once a thread)."""
+    _LOCAL.step = step = _Step()
+    with _STEPS_LOCK:
+        _STEPS.add(step)
+    return step
+
+
+def _this_step() -> _Step:
+    try:
+        return _LOCAL.step
+    except AttributeError:
+        return _new_step()
+
+
+def _all_steps() -> list[_Step]:
+    _this_step()
+    with _STEPS_LOCK:
+        return list(_STEPS)
 
 
 def _every_from_env(environ: Any = None) -> int | None:
@@ -165,9 +199,6 @@ def _every_from_env(environ: Any = None) -> int | None:
                        EVERY_ENV, raw)
         return None
     return value
-
-
-_FIXED_EVERY: int | None = None
 
 
 # ------------------------------------------------------------------ the pools
@@ -248,11 +279,46 @@ def _pools_of(allocator: Any) -> _Pools | str:
 # ------------------------------------------------------------------ the wrappers
 
 
+def _signature(fn: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _argument(sig: inspect.Signature | None, name: str | int, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+    """The value ``fn(*args, **kwargs)`` gives its parameter ``name`` (or the
+    ``name``-th after ``self``), its own defaults included: as the call binds
+    it, whichever way it was passed.  Raises where it cannot tell."""
+    if sig is None:
+        raise TypeError("no signature")
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    if isinstance(name, int):
+        params = list(sig.parameters.values())
+        param = params[name + 1]
+        value = bound.arguments[param.name]
+        if param.kind is inspect.Parameter.VAR_POSITIONAL:
+            return value[0]
+        return value
+    if name in bound.arguments:
+        return bound.arguments[name]
+    for param in sig.parameters.values():  # absorbed by a **kwargs
+        if param.kind is inspect.Parameter.VAR_KEYWORD and name in bound.arguments[param.name]:
+            return bound.arguments[param.name][name]
+    raise KeyError(name)
+
+
 def _pool_alloc(original: Any) -> Any:
-    sized = original.__name__ == "alloc"  # alloc(need_size): a refusal says what was asked
+    # alloc(need_size): a refusal says what was asked, however the size is passed
+    sig = _signature(original) if original.__name__ == "alloc" else None
 
     def alloc(self: Any, *args: Any, **kwargs: Any) -> Any:
-        step = STEP
+        try:
+            step = _LOCAL.step
+        except AttributeError:
+            step = _new_step()
         if not step.window or step.depth:
             return original(self, *args, **kwargs)
         step.depth = 1
@@ -270,51 +336,63 @@ def _pool_alloc(original: Any) -> Any:
                 if taken > 0:
                     handed = step.handed
                     handed[self] = handed.get(self, 0) + taken
-                elif out is None and sized and args:
-                    asked = int(args[0])  # alloc(need_size) refused: what was asked
+                elif out is None:  # refused (what alloc(n) asked for; the others' unknown)
+                    asked = int(_argument(sig, 0, (self, *args), kwargs)) if sig is not None else 0
                     step.asked[self] = step.asked.get(self, 0) + asked
             except Exception as exc:
                 _error(exc)
+                if out is None:  # refused all the same
+                    with contextlib.suppress(Exception):  # (a pool that cannot be a key)
+                        step.asked.setdefault(self, 0)
+        elif out is None:
+            with contextlib.suppress(Exception):
+                step.asked.setdefault(self, 0)
         return out
 
     return _mark(alloc, original)
 
 
-_CAPACITY_PARAMS = ("self", "num_tokens", "tree_cache", "requests", "spec_algorithm")
-
-
 def _capacity(original: Any) -> Any:
     """The decode check's question to the allocator, recorded as (allocator,
-    the estimate, the requests it counted, the answer) for the step after it."""
-    try:
-        params = inspect.signature(original).parameters
-        keyword_only = (tuple(params) == _CAPACITY_PARAMS and all(
-            p.kind is inspect.Parameter.KEYWORD_ONLY for name, p in params.items()
-            if name != "self"))
-    except (TypeError, ValueError):
-        keyword_only = False
-    if keyword_only:  # 0.5.19-0.5.23's signature: its arguments bound without a dict
-        def check_decode_capacity(self: Any, *, num_tokens: Any, tree_cache: Any,
-                                  requests: Any = None, spec_algorithm: Any = None) -> Any:
-            fits = original(self, num_tokens=num_tokens, tree_cache=tree_cache,
-                            requests=requests, spec_algorithm=spec_algorithm)
-            STEP.check = (self, num_tokens, requests, fits)
-            return fits
+    the estimate, the requests it counted, the answer) for the step after it.
+    Upstream's function gets exactly the call's arguments (its own defaults
+    stay its own); the estimate and the requests are read from the call as
+    the function binds them."""
+    sig = _signature(original)
 
-        return _mark(check_decode_capacity, original)
-
-    def check_decode_capacity_any(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def check_decode_capacity(self: Any, *args: Any, **kwargs: Any) -> Any:
         fits = original(self, *args, **kwargs)
-        tokens = kwargs.get("num_tokens", args[0] if args else None)
-        STEP.check = (self, tokens, kwargs.get("requests"), fits) if tokens is not None else None
+        try:
+            step = _LOCAL.step
+        except AttributeError:
+            step = _new_step()
+        if not args:  # check_decode_mem's call: all by keyword
+            try:
+                step.check = (self, kwargs["num_tokens"], kwargs["requests"], fits)
+                return fits
+            except KeyError:
+                pass
+        try:
+            call = (self, *args)
+            tokens = _argument(sig, "num_tokens", call, kwargs)
+            try:
+                requests = _argument(sig, "requests", call, kwargs)
+            except KeyError:
+                requests = None
+            step.check = (self, tokens, requests, fits)
+        except Exception:
+            step.check = None  # a call the audit cannot read: the step is unpaired
         return fits
 
-    return _mark(check_decode_capacity_any, original)
+    return _mark(check_decode_capacity, original)
 
 
 def _decode_step(original: Any) -> Any:
     def prepare_for_decode(self: Any, *args: Any, **kwargs: Any) -> Any:
-        step = STEP
+        try:
+            step = _LOCAL.step
+        except AttributeError:
+            step = _new_step()
         if step.window:
             return original(self, *args, **kwargs)
         est = None
@@ -332,23 +410,27 @@ def _decode_step(original: Any) -> Any:
             step.seq_lens = getattr(self, "seq_lens_cpu", None)
             step.countdown -= 1
             if step.countdown <= 0:
-                _read_before(self)
+                _read_before(self, step)
             audited = True
         except Exception as exc:
             _error(exc)
             audited = False
         step.window = True
-        raised = True
+        raised: str | None = None
         try:
-            out = original(self, *args, **kwargs)
-            raised = False
-            return out
+            return original(self, *args, **kwargs)
+        except BaseException as exc:
+            try:
+                raised = f"{type(exc).__name__}: {exc}"
+            except Exception:  # an exception whose str() raises: upstream's, still raised
+                raised = type(exc).__name__
+            raise
         finally:
             step.window = False
             step.depth = 0
             if audited:
                 try:
-                    _end(self, est, fits, raised)
+                    _end(step, self, est, fits, raised)
                 except Exception as exc:
                     _error(exc)
             if step.handed:
@@ -363,6 +445,7 @@ def _decode_step(original: Any) -> Any:
 
 def _mark(wrapper: Any, original: Any) -> Any:
     wrapper.__kvest_audit__ = original
+    wrapper.__wrapped__ = original  # inspect.signature(wrapper) is upstream's
     wrapper.__name__ = original.__name__
     wrapper.__qualname__ = f"{original.__qualname__}[kvest audit]"
     wrapper.__doc__ = original.__doc__
@@ -424,9 +507,8 @@ def recorded_growth(before: list[int], after: list[int], page: int, speculative:
                       for a0, a1 in zip(before, after, strict=True))
 
 
-def _read_before(batch: Any) -> None:
+def _read_before(batch: Any, step: _Step) -> None:
     """On a sampled step: the requests and their allocated lengths before it."""
-    step = STEP
     if not isinstance(step.pools, _Pools):
         return
     start = time.perf_counter_ns()
@@ -435,8 +517,7 @@ def _read_before(batch: Any) -> None:
     step.read_ns = time.perf_counter_ns() - start
 
 
-def _end(batch: Any, est: int | None, fits: Any, raised: bool) -> None:
-    step = STEP
+def _end(step: _Step, batch: Any, est: int | None, fits: Any, raised: str | None) -> None:
     audit = AUDIT
     pools = step.pools
     if not isinstance(pools, _Pools):
@@ -471,20 +552,23 @@ def _end(batch: Any, est: int | None, fits: Any, raised: bool) -> None:
             if Kind.UNDERCOUNT not in audit.first:
                 _found(Kind.UNDERCOUNT, short_pool, batch,
                        f"the estimate was {est} tokens and the pool was asked for {est + worst}")
-        if raised and fits:
+        if raised and fits and step.asked:
             audit.failed_after_fits += 1
             if Kind.FAILED not in audit.first:
                 _found(Kind.FAILED, short_pool or pools.pools[0][0], batch,
-                       f"the check said {est} tokens fit, and the step raised")
+                       f"the check said {est} tokens fit, a pool refused an allocation, "
+                       f"and the step raised {raised}")
+    if raised and not step.asked:  # no pool refused: not an allocation failure
+        audit.raised_other += 1
+        audit.last_raised = raised
     if step.reqs is not None:
         if raised:
             step.countdown = step.every
         else:
-            _bookkeeping(batch, pools)
+            _bookkeeping(step, batch, pools)
 
 
-def _bookkeeping(batch: Any, pools: _Pools) -> None:
-    step = STEP
+def _bookkeeping(step: _Step, batch: Any, pools: _Pools) -> None:
     audit = AUDIT
     reqs = step.reqs
     before = step.before
@@ -514,7 +598,8 @@ def _bookkeeping(batch: Any, pools: _Pools) -> None:
                     _found(Kind.GAP, name, batch,
                            f"the pool handed out {step.handed.get(pool, 0)} tokens and the "
                            f"requests' kv_allocated_len grew by {grew}"
-                           + ("" if speculative else " (page-rounded)"))
+                           + ("" if speculative else " (page-rounded)")
+                           + _unaligned(before, after, page))
         audit.bookkeeping_steps += 1
     spent = step.read_ns + time.perf_counter_ns() - start
     fixed = _FIXED_EVERY
@@ -523,19 +608,32 @@ def _bookkeeping(batch: Any, pools: _Pools) -> None:
     step.countdown = step.every
 
 
+def _unaligned(before: list[int], after: list[int], page: int) -> str:
+    """Words for the first record the step left off a page boundary, if any."""
+    for i, (a0, a1) in enumerate(zip(before, after, strict=True)):
+        if a1 != a0 and a1 % page:
+            return (f"; a record that is not page-aligned: request {i}'s kv_allocated_len "
+                    f"went from {a0} to {a1} at page size {page}")
+    return ""
+
+
 def _found(kind: Kind, pool: str, batch: Any, what: str) -> None:
-    what = f"{what} ({pool}), in decode step {AUDIT.steps + AUDIT.unpaired} of this process"
+    # counted from the audit's last reset: a scheduler's start, a configuration
+    # of the audit command
+    number = AUDIT.steps + AUDIT.unpaired
+    what = f"{what} ({pool}), in decode step {number} since the audit's counters started"
     try:
         text = f"{what}; {_reproducer(batch)}"
     except Exception as exc:
         text = f"{what}; (no reproducer: {type(exc).__name__}: {exc})"
-    AUDIT.first[kind] = Finding(kind, pool, text)
+    AUDIT.first[kind] = Finding(kind, pool, text, number)
     logger.warning("kvest audit: first %s: %s", kind, text)
 
 
 def _reproducer(batch: Any) -> str:
     """The settings and request lengths that reproduce a step."""
-    allocator = STEP.allocator
+    step = _this_step()
+    allocator = step.allocator
     spec = getattr(batch, "spec_algorithm", None)
     settings: dict[str, Any] = {
         "allocator": type(allocator).__name__,
@@ -554,7 +652,7 @@ def _reproducer(batch: Any) -> str:
     if coordinator is not None:
         for attr in ("device_buffer_size", "padded_buffer_size"):
             settings[f"hisparse.{attr}"] = getattr(coordinator, attr, None)
-    before = STEP.seq_lens
+    before = step.seq_lens
     seq = before.tolist() if hasattr(before, "tolist") else before
     after = []
     for r in batch.reqs[:64]:
@@ -583,7 +681,9 @@ def _find(attach: Attach) -> tuple[type, Any] | None:
 
 def _wrap(cls: type, attr: str, make: Any) -> bool:
     fn = vars(cls).get(attr)
-    if fn is None or not callable(fn):
+    if not inspect.isfunction(fn):
+        # absent, or a static/class method or other descriptor: a plain function
+        # in its place would not be called as it is (the audit stays off there)
         return False
     if getattr(fn, "__kvest_audit__", None) is not None:
         return True
@@ -601,8 +701,10 @@ def install(every: int | None = None) -> list[str]:
     missing = []
     with AUDIT.lock:
         _FIXED_EVERY = every if every is not None else _every_from_env()
-        STEP.every = _FIXED_EVERY or 1
-        STEP.countdown = 0
+    for step in _all_steps():
+        step.every = _FIXED_EVERY or 1
+        step.countdown = 0
+    with AUDIT.lock:
         found = _find(registry.CAPACITY_CHECK)
         if found is None or not _wrap(found[0], registry.CAPACITY_CHECK.attr, _capacity):
             missing.append(f"{registry.CAPACITY_CHECK.cls}.{registry.CAPACITY_CHECK.attr} "
@@ -619,7 +721,8 @@ def install(every: int | None = None) -> list[str]:
             for name in registry.POOL_ALLOCS:
                 _wrap(found[0], name, _pool_alloc)
         _POOLS_CACHE.clear()
-        STEP.allocator = None
+        for step in _all_steps():
+            step.allocator = None
         AUDIT.installed = not any("check_decode_capacity" in m or "prepare_for_decode" in m
                                   for m in missing)
         AUDIT.missing = missing
@@ -638,7 +741,9 @@ def uninstall() -> None:
                 setattr(cls, attr, fn)
         _WRAPPED.clear()
         _POOLS_CACHE.clear()
-        STEP.allocator = None
+    for step in _all_steps():
+        step.allocator = None
+    with AUDIT.lock:
         AUDIT.installed = False
 
 
@@ -646,9 +751,10 @@ def reset() -> None:
     """Counters to zero (tests, the audit command, per configuration)."""
     with AUDIT.lock:
         AUDIT.clear()
-        STEP.countdown = 0
-        STEP.allocator = None
         _POOLS_CACHE.clear()
+    for step in _all_steps():
+        step.countdown = 0
+        step.allocator = None
 
 
 def every() -> int | None:
@@ -669,6 +775,9 @@ def report() -> dict[str, Any]:
             "undercounts": a.undercounts,
             "short_tokens": a.short_tokens,
             "failed_after_fits": a.failed_after_fits,
+            "raised_other": a.raised_other,
+            "last_raised": a.last_raised,
+            "last_error": a.last_error,
             "overcount_slack": sum(c["overcount_slack"] for c in pools.values()),
             "bookkeeping_steps": a.bookkeeping_steps,
             "bookkeeping_gaps": a.bookkeeping_gaps,

@@ -13,8 +13,13 @@ named where it is made (:func:`_standins`).  The audit
 (:mod:`kvest.sglang.audit`) pairs every decode step's estimate with what the
 pools hand out, and every step's recorded lengths with it.
 
-Exit status: 0 nothing found, 1 an undercount or a bookkeeping gap, 2 a usage
-error or no importable SGLang scheduler.
+Exit status (:func:`main`): 0 only when every configuration listed was driven
+(its decode steps, nearly all compared: :data:`COMPARED_MIN`) and nothing was
+found; 1 an undercount, a bookkeeping gap or an allocation failure after the
+check said the step fits (with ``--known-findings=ignore``, only one that
+``registry.KNOWN_FINDINGS`` does not hold); 2 a configuration not driven (named, with its
+reason; a driver error is one), a usage error, or no SGLang scheduler the
+audit can attach to.  2 wins over 1: findings are printed either way.
 """
 
 from __future__ import annotations
@@ -26,18 +31,23 @@ import functools
 import logging
 import os
 import random
+import re
+import shlex
 import sys
 import time
+import traceback
 from array import array
 from collections import deque
-from types import SimpleNamespace
+from collections.abc import Mapping
+from types import MappingProxyType, SimpleNamespace
 from typing import Any, NamedTuple
 
-from kvest.sglang import audit
-from kvest.sglang.registry import ALLOC_SIZING
+from kvest.sglang import audit, registry
+from kvest.sglang.registry import ALLOC_SIZING, KnownFinding
 from kvest.sglang.standins import assign_torch
 
-__all__ = ["Config", "Result", "Spec", "main", "matrix", "run"]
+__all__ = ["Config", "KnownPolicy", "Outcome", "Result", "Spec", "found", "known", "main",
+           "matrix", "run"]
 
 SWA_INTERVAL = "SGLANG_SWA_EVICTION_INTERVAL"
 
@@ -87,23 +97,81 @@ class Config(NamedTuple):
         return (f"{self.pool} p={self.page} spec={self.spec} {self.order}"
                 f"{' sharing' if self.sharing else ''} seed={self.seed}")
 
+    @classmethod
+    def parse(cls, text: str) -> Config:
+        """The configuration ``str(config)`` printed (``--config``)."""
+        m = _CONFIG.fullmatch(text.strip())
+        if m is None:
+            raise ValueError(f"not a configuration: {text!r} (e.g. 'paged p=16 "
+                             "spec=EAGLE(3,1,4) plain sharing seed=3')")
+        pool, page, spec, order, sharing, seed = m.groups()
+        alg = None if spec == "none" else _SPEC.fullmatch(spec)
+        if alg is None and spec != "none":
+            raise ValueError(f"not a speculation: {spec!r} (none, or NAME(steps,topk,draft))")
+        return cls(Pool(pool), int(page),
+                   Spec(alg[1], int(alg[2]), int(alg[3]), int(alg[4])) if alg else Spec(),
+                   Order(order), bool(sharing), int(seed))
+
+
+_CONFIG = re.compile(r"(\S+) p=(\d+) spec=(\S+) (plain|overlap)( sharing)? seed=(-?\d+)")
+_SPEC = re.compile(r"(\w+)\((\d+),(\d+),(\d+)\)")
+COMPARED_MIN = 0.99  # exit 0 needs at least this share of the driven steps compared
+
+
+class Outcome(enum.Enum):
+    """How a configuration's run ended."""
+
+    DRIVEN = "driven"  # every decode step it was asked for
+    FAILED_AFTER_FITS = "failed after fits"  # SGLang's allocation failed after "fits" (a finding)
+    DRIVER_ERROR = "driver error"  # anything else raised: the run says nothing past it
+    SHORT = "short"  # fewer steps than asked, nothing raised (the loop ran out of ticks)
+
+    def __str__(self) -> str:
+        return self.value
+
 
 class Result(NamedTuple):
     config: Config
-    steps: int
+    steps: int  # decode steps compared (the estimate against the pools)
     undercounts: int
     overcounts: int
     gaps: int
     retractions: int
     exercised: dict[str, int]  # evictions, window frees, prefix tokens reused
-    ended: str | None  # why the run stopped early (SGLang raised), if it did
+    ended: str | None  # why the run stopped early, if it did
     findings: dict[str, str]
     report: dict[str, Any]
-    skipped: str | None = None  # why the configuration was not run
+    skipped: str | None = None  # why the run does not support an answer (undriven)
+    driven: int = 0  # decode steps driven
+    asked: int = 0  # decode steps asked for
+    outcome: Outcome = Outcome.DRIVEN
+    first_steps: Mapping[str, int] = MappingProxyType({})  # kind -> the step it was first in
+    first_pools: Mapping[str, str] = MappingProxyType({})  # kind -> the pool it was first in
 
     @property
     def bad(self) -> bool:
         return bool(self.undercounts or self.gaps or self.report.get("failed_after_fits"))
+
+
+def undriven(outcome: Outcome, driven: int, asked: int, report: dict[str, Any],
+             ended: str | None) -> str | None:
+    """Why a run does not support an answer for its configuration (None: it does)."""
+    if outcome is Outcome.DRIVER_ERROR:
+        return (f"not driven: a driver error after {driven} of {asked} decode steps: {ended}"
+                if driven else f"not driven: a driver error before its first decode step: "
+                f"{ended}")
+    if outcome is Outcome.SHORT:
+        return f"not driven: {driven} of {asked} decode steps, nothing raised"
+    if report.get("errors"):
+        return (f"not driven: the audit's own errors ({report['errors']}, last: "
+                f"{report.get('last_error')})")
+    compared = report.get("steps", 0)
+    if compared < COMPARED_MIN * driven or not driven:
+        why = ", ".join(f"{k} {v}" for k, v in (("unpaired", report.get("unpaired")),
+                                                  ("not audited", report.get("not_audited")))
+                        if v)
+        return f"not driven: {compared} of {driven} driven decode steps compared ({why})"
+    return None
 
 
 # ------------------------------------------------------------------ SGLang
@@ -418,8 +486,8 @@ class World:
                 return
         pending = self.pending
         self.pending = None
+        self.steps += 1  # driven: a step that raises was driven too (and compared)
         batch.prepare_for_decode()
-        self.steps += 1
         if self.config.order is Order.OVERLAP:
             if pending is not None:
                 self._commit(pending)
@@ -507,28 +575,49 @@ def context(config: Config) -> Any:
         page_size=config.page, attention_backend="torch_native", **extra)
 
 
+def _where(exc: BaseException) -> str:
+    """The exception and the innermost line it came from."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}"[:300] + at
+
+
 def run(config: Config, steps: int, max_running: int = 10) -> Result:
     """One configuration: ``steps`` decode steps (fewer if SGLang raises), at
-    most ``max_running`` requests in the decode batch."""
-    _standins()
+    most ``max_running`` requests in the decode batch.  Never raises: what
+    went wrong is the result's ``outcome`` and ``ended``."""
     audit.reset()
-    ended = skipped = None
+    ended = None
+    outcome = Outcome.DRIVEN
+    world: World | None = None
     # SWA slides its windows every few tokens here (128 by default, longer than
     # these requests live), so that frees happen inside decode steps
     interval = os.environ.get(SWA_INTERVAL)
     os.environ[SWA_INTERVAL] = "4"
     try:
+        _standins()
         with context(config):
             world = World(config, max_running=max_running)
-            try:
-                ticks = 0
-                while world.steps < steps and ticks < 4 * steps + 100:
+            ticks = 0
+            while world.steps < steps and ticks < 4 * steps + 100:
+                failed = audit.AUDIT.failed_after_fits
+                try:
                     world.tick()  # (a tick admits, decodes, or both)
-                    ticks += 1
-            except Exception as exc:  # SGLang's own error: the run ends, as a server's would
-                ended = f"{type(exc).__name__}: {exc}"[:300]
-                if not world.steps:
-                    skipped = f"not driven: {ended}"
+                except Exception as exc:
+                    # SGLang's allocation failing after its check said "fits" ends the
+                    # run as it ends a server; anything else is the driver's
+                    ended = _where(exc)
+                    outcome = (Outcome.FAILED_AFTER_FITS
+                               if audit.AUDIT.failed_after_fits > failed else
+                               Outcome.DRIVER_ERROR)
+                    break
+                ticks += 1
+            else:
+                if world.steps < steps:
+                    outcome = Outcome.SHORT
+    except Exception as exc:  # making the world, or the settings: the driver's
+        ended = _where(exc)
+        outcome = Outcome.DRIVER_ERROR
     finally:
         if interval is None:
             os.environ.pop(SWA_INTERVAL, None)
@@ -536,11 +625,17 @@ def run(config: Config, steps: int, max_running: int = 10) -> Result:
             os.environ[SWA_INTERVAL] = interval
     report = audit.report()
     overcounts = sum(p.get("overcounts", 0) for p in report["pools"].values())
-    exercised = {"evictions": world.evictions, "window_frees": world.window_frees,
-                 "prefix_hits": world.prefix_hits}
+    driven = world.steps if world is not None else 0
+    exercised = {"evictions": getattr(world, "evictions", 0),
+                 "window_frees": getattr(world, "window_frees", 0),
+                 "prefix_hits": getattr(world, "prefix_hits", 0)}
+    first_steps = {k.value: f.step for k, f in audit.AUDIT.first.items()}
+    first_pools = {k.value: f.pool for k, f in audit.AUDIT.first.items()}
     return Result(config, report["steps"], report["undercounts"], overcounts,
-                  report["bookkeeping_gaps"], world.retractions, exercised, ended,
-                  dict(report["first"]), report, skipped)
+                  report["bookkeeping_gaps"], getattr(world, "retractions", 0), exercised,
+                  ended, dict(report["first"]), report,
+                  undriven(outcome, driven, steps, report, ended), driven, steps, outcome,
+                  first_steps, first_pools)
 
 
 # ------------------------------------------------------------------ the matrix
@@ -557,14 +652,14 @@ def _spec_info(algorithm: str | None, reqs: list[Any] | None = None) -> Any:
     cpu = torch.device("cpu")
     n = len(reqs or ())
     lens = torch.tensor([r.kv.kv_committed_len for r in reqs or ()], dtype=torch.int64)
-    if alg.is_dflash_family():
+    if _is(alg, "is_dflash_family"):
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
         info = DFlashDraftInputV2.create_idle_input(cpu)
         info.topk_p = torch.zeros((n, 1), dtype=torch.float32)
         info.topk_index = torch.zeros((n, 1), dtype=torch.int64)
         info.hidden_states = torch.zeros((n, 1), dtype=torch.float16)
-    elif alg.is_uno():
+    elif _is(alg, "is_uno"):
         from sglang.srt.speculative.uno_info import UnoDraftInput
 
         width = max(1, sys.modules[ALLOC_SIZING].get_alloc_len_per_decode())
@@ -574,6 +669,12 @@ def _spec_info(algorithm: str | None, reqs: list[Any] | None = None) -> Any:
     info.bonus_tokens = torch.zeros(n, dtype=torch.int64)
     info.new_seq_lens = lens
     return info
+
+
+def _is(alg: Any, family: str) -> bool:
+    """``alg.is_<family>()``, False in a release that has no such family yet."""
+    test = getattr(alg, family, None)
+    return bool(test()) if test is not None else False
 
 
 def specs(quick: bool) -> list[Spec]:
@@ -590,7 +691,7 @@ def specs(quick: bool) -> list[Spec]:
             if quick and topk == 4:
                 continue
             draft = {1: 4, 2: 6, 4: 8}[topk]
-            if alg.is_uno() or alg.is_dflash_family() or alg.is_ngram():
+            if any(_is(alg, family) for family in ("is_uno", "is_dflash_family", "is_ngram")):
                 out.append(Spec(name, 1, 1, draft))
             else:
                 out.append(Spec(name, 3, topk, draft))
@@ -622,21 +723,46 @@ def matrix(quick: bool = False, pools: tuple[Pool, ...] = tuple(Pool), seed: int
     return configs
 
 
+COLUMNS = (  # the table's columns, and what each means (printed under it)
+    ("allocator", "the KV allocator family"),
+    ("page", "page size"),
+    ("speculation", "none, or ALGORITHM(steps,topk,draft tokens)"),
+    ("order", "plain: a step's result processed before the next is scheduled; overlap: after"),
+    ("prefix", "shared: prefix sharing through the radix cache"),
+    ("steps", "decode steps whose estimate was compared with what every pool handed out"),
+    ("under", "steps where a pool was asked for more than the estimate (undercounts)"),
+    ("over", "pool-steps where the estimate was above what the pool was asked for (safe)"),
+    ("gaps", "steps whose recorded kv_allocated_len growth differs from what the pool "
+             "handed out"),
+    ("retract", "requests retracted by retract_decode"),
+    ("evict", "the tree cache's evict calls"),
+    ("window", "SWA window slides (evict_sliding_windows calls)"),
+    ("driven", "decode steps driven (steps above are those of them compared)"),
+    ("ended", "why the run ended before its steps: 'failed after fits' (SGLang's allocation "
+              "failed after its check said the step fits: a finding), 'driver error' or "
+              "'short' (the configuration was not driven); empty: it drove them all"),
+)
+
+
 def _table(results: list[Result]) -> str:
-    head = ("allocator", "page", "speculation", "order", "prefix", "steps", "under",
-            "over", "gaps", "retract", "evict", "window", "ended")
+    head = tuple(name for name, _ in COLUMNS)
     rows = [head]
     for r in results:
         c = r.config
+        why = "" if r.outcome is Outcome.DRIVEN else f"{r.outcome}: {r.ended or ''}"
         rows.append((str(c.pool), str(c.page), str(c.spec), str(c.order),
                      "shared" if c.sharing else "-", str(r.steps), str(r.undercounts),
                      str(r.overcounts), str(r.gaps), str(r.retractions),
                      str(r.exercised.get("evictions", 0)),
-                     str(r.exercised.get("window_frees", 0)),
-                     r.skipped or (r.ended or "")[:60]))
+                     str(r.exercised.get("window_frees", 0)), str(r.driven), why[:70]))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
                      for row in rows)
+
+
+def _legend() -> str:
+    width = max(len(name) for name, _ in COLUMNS)
+    return "\n".join(f"  {name:{width}}  {what}" for name, what in COLUMNS)
 
 
 def _pools_found(results: list[Result], key: str) -> dict[str, int]:
@@ -648,6 +774,73 @@ def _pools_found(results: list[Result], key: str) -> dict[str, int]:
     return found
 
 
+class KnownPolicy(enum.Enum):
+    """What a finding kvest knows (registry.KNOWN_FINDINGS) does to the exit status."""
+
+    FAIL = "fail"  # exit 1, as a new one does (marked known)
+    IGNORE = "ignore"  # marked known, printed, and the exit status ignores it
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """A release's leading numbers ("0.5.23.post1" -> (0, 5, 23))."""
+    parts = []
+    for part in version.split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        parts.append(int(digits[0]))
+        if digits[0] != part:
+            break
+    return tuple(parts)
+
+
+def found(result: Result) -> list[tuple[str, str]]:
+    """What ``result`` found: (kind, pool) for each pool with undercounts or gaps,
+    and each kind's first finding (an allocation failure after fits has only that)."""
+    out = []
+    for pool, counts in result.report.get("pools", {}).items():
+        if counts.get("undercounts"):
+            out.append((audit.Kind.UNDERCOUNT.value, pool))
+        if counts.get("bookkeeping_gaps"):
+            out.append((audit.Kind.GAP.value, pool))
+    kinds = set(result.findings)
+    if result.report.get("failed_after_fits"):
+        kinds.add(audit.Kind.FAILED.value)
+    for kind in sorted(kinds):  # each kind's first, whatever the pools say
+        first = (kind, result.first_pools.get(kind, ""))
+        if first not in out:
+            out.append(first)
+    return out
+
+
+def known(kind: str, pool: str, config: Config, version: str) -> KnownFinding | None:
+    """The finding kvest knows that (kind, pool) in ``config`` on ``version`` is, if any."""
+    release = _release(version)
+    for k in registry.KNOWN_FINDINGS:
+        first, last = k.releases
+        if ((kind, pool) in k.shows_as and str(config.pool) in k.allocators
+                and _release(first) <= release
+                and (last is None or release <= _release(last))):
+            return k
+    return None
+
+
+def _known_words(k: KnownFinding) -> str:
+    first, last = k.releases
+    fixed = f"fixed in {k.fixed_in}" if k.fixed_in else "not fixed"
+    return (f"{k.name}: {k.text} (releases {first} to {last or 'this one'}, {fixed}; "
+            f"{k.reference})")
+
+
+def command(config: Config, steps: int, max_running: int) -> str:
+    """The command line that runs ``config`` alone, as the matrix ran it."""
+    return shlex.join(["python", "-m", "kvest", "audit", "--config", str(config),
+                       "--steps", str(steps), "--max-running", str(max_running)])
+
+
 def main(argv: list[str] | None = None) -> int:
     top = argparse.ArgumentParser(
         prog="python -m kvest audit",
@@ -656,9 +849,11 @@ def main(argv: list[str] | None = None) -> int:
                     "overlap orders) over every allocator, page size and speculative "
                     "algorithm, and audit each decode step: the estimate the decode check "
                     "decided on against what the KV pools handed out, and the requests' "
-                    "recorded kv_allocated_len against it. Exit status: 0 nothing found, "
-                    "1 an undercount or a bookkeeping gap, 2 a usage error or no importable "
-                    "SGLang scheduler.")
+                    "recorded kv_allocated_len against it. Exit status: 0 every "
+                    "configuration driven and nothing found, 1 an undercount, a bookkeeping "
+                    "gap or an allocation failure after the check said the step fits, 2 a "
+                    "configuration not driven (named, with its reason), a driver error, a "
+                    "usage error or no SGLang scheduler the audit can attach to.")
     top.add_argument("--quick", action="store_true",
                      help="fewer configurations and steps (about a minute)")
     top.add_argument("--steps", type=int, default=None,
@@ -666,10 +861,23 @@ def main(argv: list[str] | None = None) -> int:
     top.add_argument("--seed", type=int, default=0, help="the first configuration's seed")
     top.add_argument("--allocator", action="append", choices=[str(p) for p in Pool],
                      help="only these allocators (repeatable)")
+    top.add_argument("--config", type=_config_arg, default=None,
+                     help="run this one configuration, as the table's reproducer prints it")
+    top.add_argument("--max-running", type=int, default=10,
+                     help="at most this many requests in the decode batch (default 10)")
+    top.add_argument("--known-findings", type=KnownPolicy, choices=list(KnownPolicy),
+                     default=KnownPolicy.FAIL,
+                     help="a finding kvest already knows in this release "
+                          "(kvest.sglang.registry.KNOWN_FINDINGS): 'fail' (default) exits 1 "
+                          "as a new one does; 'ignore' marks it known and exits 0 if nothing "
+                          "else was found, so that with --allocator an operator can gate an "
+                          "upgrade on what they run")
     args = top.parse_args(argv)
     steps = args.steps if args.steps is not None else (150 if args.quick else 400)
     if steps < 1:
         top.error("--steps must be at least 1")
+    if args.max_running < 1:
+        top.error("--max-running must be at least 1")
     start = time.monotonic()
     try:
         s = sg()
@@ -679,55 +887,120 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # each configuration's first finding is printed below, with its configuration
     logging.getLogger("kvest.sglang").setLevel(logging.ERROR)
-    missing = audit.install(every=1)
+    try:
+        missing = audit.install(every=1)
+    except Exception as exc:
+        missing = [f"a driver error: {_where(exc)}"]
     if not audit.installed():
         print(f"kvest audit: cannot attach to this SGLang ({s.version}): {'; '.join(missing)}",
               file=sys.stderr)
         return 2
+    try:
+        return _main(args, steps, s.version, start)
+    except Exception as exc:  # the driver's own: it found nothing, it failed
+        print(f"kvest audit: a driver error: {_where(exc)}", file=sys.stderr)
+        return 2
+    finally:
+        print(f"full run: {time.monotonic() - start:.0f} s")
+
+
+def _config_arg(text: str) -> Config:
+    try:
+        return Config.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _main(args: argparse.Namespace, steps: int, version: str, start: float) -> int:
     pools = tuple(Pool(a) for a in args.allocator) if args.allocator else tuple(Pool)
-    configs = matrix(args.quick, pools, args.seed)
-    print(f"kvest audit: SGLang {s.version}, {len(configs)} configurations, {steps} decode "
+    try:
+        configs = [args.config] if args.config else matrix(args.quick, pools, args.seed)
+    except Exception as exc:
+        print(f"kvest audit: the configurations of SGLang {version} cannot be listed: "
+              f"{_where(exc)}", file=sys.stderr)
+        return 2
+    if not configs:  # nothing listed is nothing driven: no all-clear
+        print(f"kvest audit: no configuration to drive on SGLang {version}", file=sys.stderr)
+        return 2
+    print(f"kvest audit: SGLang {version}, {len(configs)} configurations, {steps} decode "
           "steps each", file=sys.stderr)
     results = []
     for i, config in enumerate(configs, 1):
-        result = run(config, steps)
+        result = run(config, steps, args.max_running)
         results.append(result)
         flag = " UNDERCOUNT" if result.undercounts else ""
         flag += " GAP" if result.gaps else ""
+        if result.bad:
+            flag += " (known)" if all(known(k, p, config, version) for k, p in
+                                      found(result)) else " (new)"
+        flag += " NOT DRIVEN" if result.skipped else ""
         print(f"[{i}/{len(configs)} {time.monotonic() - start:5.0f}s] {config}: "
-              f"{result.steps} steps{flag}", file=sys.stderr, flush=True)
+              f"{result.steps} of {result.driven} steps compared{flag}", file=sys.stderr,
+              flush=True)
     print(_table(results))
+    print("\ncolumns:\n" + _legend())
     bad = [r for r in results if r.bad]
-    total = sum(r.steps for r in results)
-    print(f"\n{len(results)} configurations, {total} decode steps, "
+    undriven_ = [r for r in results if r.skipped]
+    print(f"\n{len(results)} configurations, {sum(r.driven for r in results)} decode steps "
+          f"driven, {sum(r.steps for r in results)} compared, "
           f"{sum(r.retractions for r in results)} retractions, "
           f"{time.monotonic() - start:.0f} s")
-    if not bad:
-        print("No undercount and no bookkeeping gap.")
-        return 0
-    for key, what in (("undercounts", "undercounts"), ("bookkeeping_gaps", "bookkeeping gaps")):
-        found = _pools_found(results, key)
-        if found:
-            print(f"{what}: " + ", ".join(f"{n} in {pool}" for pool, n in found.items()))
+    for key, what in (("undercounts", "undercounts"), ("bookkeeping_gaps", "bookkeeping gaps"),
+                      ("failed_after_fits", "allocation failures after fits")):
+        if key == "failed_after_fits":
+            n = sum(r.report.get(key, 0) for r in results)
+            if n:
+                print(f"{what}: {n}")
+            continue
+        by_pool = _pools_found(results, key)
+        if by_pool:
+            print(f"{what}: " + ", ".join(f"{n} in {pool}" for pool, n in by_pool.items()))
+    marks = {(r.config, kind, pool): known(kind, pool, r.config, version)
+             for r in bad for kind, pool in found(r)}
+    new = sorted({f"{kind} in {pool}" for (_, kind, pool), k in marks.items() if k is None})
+    seen = {k.name: k for k in marks.values() if k is not None}
+    for k in seen.values():
+        configs = len({c for (c, _, _), m in marks.items() if m is k})
+        print(f"known finding, in {configs} configurations: {_known_words(k)}")
+    if new:
+        print("new findings (not among kvest's known ones): " + ", ".join(new))
     shown: set[str] = set()
     for r in bad:
         for kind, text in r.findings.items():
             if kind in shown:
                 continue
             shown.add(kind)
-            small, running = _smallest(r.config, steps, kind)
-            if small is not None:
-                text = small
+            small = _smallest(r.config, steps, kind, args.max_running)
+            running, at, text = small or (args.max_running, r.first_steps.get(kind), text)
+            k = known(kind, r.first_pools.get(kind, ""), r.config, version)
             print(f"\nreproducer, first {kind}: configuration {r.config}, at most {running} "
-                  f"running requests\n  {text}")
-    return 1
+                  f"running requests, decode step {at} of this configuration\n"
+                  f"  {command(r.config, steps, running)}\n  {text}\n  "
+                  + (f"known: {k.name}" if k else "new: not among kvest's known findings"))
+    if undriven_:
+        print(f"\n{len(undriven_)} of {len(results)} configurations not driven: the run "
+              "supports no answer for them (exit 2)")
+        for r in undriven_:
+            print(f"  {r.config}: {r.skipped}\n    {command(r.config, steps, args.max_running)}")
+        return 2
+    if new or (seen and args.known_findings is KnownPolicy.FAIL):
+        return 1
+    print(f"No {'new ' if seen else ''}undercount and no {'new ' if seen else ''}bookkeeping "
+          f"gap: every one of the {len(results)} configurations driven, and its steps compared"
+          + (f"; known findings ignored (--known-findings=ignore): {', '.join(seen)}."
+             if seen else "."))
+    return 0
 
 
-def _smallest(config: Config, steps: int, kind: str) -> tuple[str | None, int]:
+def _smallest(config: Config, steps: int, kind: str, most: int
+              ) -> tuple[int, int | None, str] | None:
     """The finding of ``kind`` in the same configuration with the fewest running
-    requests that still shows it (a minimal reproducer), and that number."""
+    requests that still shows it (a minimal reproducer): (that number, the step
+    it is found in, its text)."""
     for running in (1, 2, 3, 4, 6):
+        if running >= most:
+            break
         result = run(config, steps, max_running=running)
         if kind in result.findings:
-            return result.findings[kind], running
-    return None, 10
+            return running, result.first_steps.get(kind), result.findings[kind]
+    return None

@@ -726,3 +726,32 @@ COMPOSITES: Mapping[str, Composite] = {
 # Where the requests keep their lengths (flat before 0.5.16; under req.kv since)
 KV_INFO = "kv"
 ALLOCATED, COMMITTED = "kv_allocated_len", "kv_committed_len"
+
+
+class KnownFinding(NamedTuple):
+    """A finding of the audit that kvest knows in SGLang: what it is, the
+    findings (audit kind, pool) and allocator families it shows as, the
+    releases it appears in, and upstream's reference."""
+
+    name: str
+    text: str
+    shows_as: tuple[tuple[str, str], ...]  # (kvest.sglang.audit.Kind value, pool)
+    allocators: tuple[str, ...]  # the audit command's allocator families
+    releases: tuple[str, str | None]  # first and last release it appears in (None: any since)
+    fixed_in: str | None
+    reference: str
+
+
+# Read from each release's own classes (the audit command on 0.5.13-0.5.23).
+KNOWN_FINDINGS = (
+    KnownFinding(
+        "hisparse-device-buffer-padding",
+        "HiSparse device buffer padded past its cap: two pages where the estimate counts one",
+        (("undercount", "HiSparseTokenToKVPoolAllocator.hisparse_attn_allocator"),
+         # check_decode_mem said "fits"; then HiSparse _grow_device_buffers failed
+         ("failed after fits", "HiSparseTokenToKVPoolAllocator.hisparse_attn_allocator")),
+        ("hisparse",), ("0.5.13", None), None,
+        "not fixed in a release (0.5.23): HiSparseCoordinator._grow_device_buffers pads to "
+        "device_buffer_size + page_size, and check_decode_mem does not ask "
+        "can_grow_device_buffers (upstream's main after 0.5.23 does)"),
+)
