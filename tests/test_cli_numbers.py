@@ -49,7 +49,18 @@ def _numeric(parser: argparse.ArgumentParser) -> list[tuple[str, int, bool]]:
     return [(a.option_strings[-1], a.nargs if isinstance(a.nargs, int) else 1,
              getattr(a.type, "__name__", "") != "seconds")
             for a in parser._actions
-            if a.option_strings and a.type is not None and a.type is not str]
+            if a.option_strings and a.type is not None and _takes_numbers(a.type)]
+
+
+def _takes_numbers(convert) -> bool:
+    """Whether a flag's type reads a numeral as a number, or a list of them
+    (an enum or a configuration's text is no number)."""
+    try:
+        value = convert("1")
+    except (TypeError, ValueError, argparse.ArgumentTypeError):
+        return False
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return bool(items) and all(isinstance(v, (int, float)) for v in items)
 
 
 def _commands(monkeypatch):

@@ -237,6 +237,7 @@ def audit_numbers() -> argparse.ArgumentParser:
     check = argparse.ArgumentParser(prog="python -m kvest audit", add_help=False)
     check.add_argument("--steps", type=int_at_least(1))
     check.add_argument("--seed", type=int_at_least(-INT64_MAX - 1))
+    check.add_argument("--max-running", type=int_at_least(1))
     return check
 
 

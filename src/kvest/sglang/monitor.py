@@ -2,15 +2,19 @@
 
 Switch (``KVEST_SGLANG``, read once when the plugin loads; :func:`switch`):
 
-- unset, ``1``/``on``/``true``/``yes``: kvest's kernels answer;
+- unset (or empty), ``1``/``on``: kvest's kernels answer;
 - ``shadow``: kvest and upstream both run on every call, upstream's answer is
   returned, and kvest counts comparisons, mismatches and time per hot spot;
   the first mismatch of each hot spot is logged with what reproduces it;
-- ``0``/``off``/``false``/``no``: SGLang's own code runs;
+- ``0``/``off``: SGLang's own code runs;
 - ``audit``: SGLang's own code runs, and kvest's KV audit
   (:mod:`kvest.sglang.audit`, which also runs in the two modes above) is added;
-- anything else: off, with a warning that quotes the value (the safe side is
-  upstream's code).
+- anything else (``true``, ``no``, a typo; any case): off, with a warning that
+  quotes the value (the safe side is upstream's code).
+
+``KVEST_AUDIT`` (:func:`audit_switch`) runs the audit or not whatever the mode;
+``KVEST_SGLANG_SKIP`` (:func:`skipped_by_operator`) leaves named hot spots to
+upstream.  docs/operations.md lists every variable.
 
 Every hot spot of :mod:`kvest.sglang.registry` has one :class:`Spot` for the
 life of the process: a second ``patch()`` plans again into the same spots, so
