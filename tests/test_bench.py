@@ -126,7 +126,8 @@ def test_one_colour_per_implementation():
     assert len(colours) == len(set(colours))
 
 
-def test_figures(tmp_path):
+def _figures(tmp_path, array_rows, step_rows):
+    """The two figures plots draws for these rows, as it saves them."""
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
@@ -139,10 +140,17 @@ def test_figures(tmp_path):
 
     plt.Figure.savefig = keep
     try:
-        plots.plot_arrays(_array_rows(arrays.PAGE_SIZES), str(tmp_path / "a.png"))
-        plots.plot_sglang(_step_rows(), str(tmp_path / "s.png"), "0.5.23")
+        plots.plot_arrays(array_rows, str(tmp_path / "a.png"))
+        plots.plot_sglang(step_rows, str(tmp_path / "s.png"), "0.5.23")
     finally:
         plt.Figure.savefig = real_savefig
+    return figures
+
+
+def test_figures(tmp_path):
+    figures = _figures(tmp_path, _array_rows(arrays.PAGE_SIZES), _step_rows())
+    import matplotlib.pyplot as plt
+
     assert (tmp_path / "a.png").stat().st_size > 0 and (tmp_path / "s.png").stat().st_size > 0
     array_fig, sglang_fig = figures
     titles = [ax.get_title() for ax in array_fig.axes if ax.get_title()]
@@ -461,25 +469,11 @@ def test_the_output_explains_floor_met_missed_and_the_workers(injected, capsys):
 
 
 def test_the_figures_legends_explain_floor_and_missed(tmp_path):
-    pytest.importorskip("matplotlib")
-    import matplotlib.pyplot as plt
-
-    figures = []
-    real_savefig = plt.Figure.savefig
-
-    def keep(fig, path, **kwargs):
-        figures.append(fig)
-        return real_savefig(fig, path, **kwargs)
-
     rows = _step_rows()
     rows[0] = StepRow(rows[0].hot_spot, rows[0].n, 1e-6, 2e-6)  # 0.5×: below 1×
-    plt.Figure.savefig = keep
-    try:
-        plots.plot_arrays(_array_rows([16]), str(tmp_path / "a.png"))
-        plots.plot_sglang(rows, str(tmp_path / "s.png"), "0.5.23")
-    finally:
-        plt.Figure.savefig = real_savefig
-    array_fig, sglang_fig = figures
+    array_fig, sglang_fig = _figures(tmp_path, _array_rows([16]), rows)
+    import matplotlib.pyplot as plt
+
     legend = [t.get_text() for t in array_fig.legends[0].get_texts()]
     assert "floor: reading the inputs once" in legend and "floor" not in legend
     legend = [t.get_text() for t in sglang_fig.legends[0].get_texts()]
