@@ -118,6 +118,26 @@ def test_patch_after_the_plugin_leaves_the_hooks_alone(tree):
     assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is hooked
 
 
+def test_the_plugin_after_patch_leaves_patch_telling_what_runs(tree, caplog):
+    """A launcher's patch(), then SGLang's loader in the same process: the
+    plugin plans nothing again, so status() keeps saying what runs (planning
+    again would read kvest's own functions as "skipped")."""
+    with kvest.sglang.patch() as handle:
+        patched = tree.batch_class.__dict__["new_tokens_required_next_decode"]
+        planned = kvest.sglang.status()
+        assert planned["hotspots"]["new_tokens_required_next_decode"]["state"] == "replaced"
+        with caplog.at_level(logging.WARNING, logger="kvest.sglang"):
+            tree.modules["sglang.srt.plugins"].load_plugins()
+        assert tree.batch_class.__dict__["new_tokens_required_next_decode"] is patched
+        assert kvest.sglang.status() == planned
+        assert any("already runs in this process" in r.getMessage() for r in caplog.records)
+        before = planned["hotspots"]["new_tokens_required_next_decode"]["kernel"]
+        _batch(tree, False).new_tokens_required_next_decode()
+        after = kvest.sglang.status()["hotspots"]["new_tokens_required_next_decode"]
+        assert after["kernel"] == before + 1  # each answer counted once
+    assert handle.replaced
+
+
 def test_the_hook_wrapper_shows_kvest_in_its_repr(tree):
     cls = tree.batch_class
     original = cls.__dict__["new_tokens_required_next_decode"]

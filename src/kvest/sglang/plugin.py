@@ -70,7 +70,15 @@ def load() -> None:
     found: Any = None
     try:
         from kvest.sglang.hotspots import plan
-        from kvest.sglang.patch import apply
+        from kvest.sglang.patch import apply, installed
+
+        running = installed()
+        if running:
+            # (a patch() before SGLang's loader: planning again would reset
+            # status() to "skipped" for functions that run kvest's code)
+            logger.warning("kvest: kvest already runs in this process (%s): the plugin "
+                           "changes nothing", ", ".join(running))
+            return
 
         found = plan(import_modules=False, mode=choice.mode, reason=choice.reason)
         if not found.scheduler:
