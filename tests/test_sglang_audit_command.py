@@ -31,7 +31,7 @@ class Behaviour:
     """What a stand-in world does, by configuration (its seed)."""
 
     COMPARED = 0  # every decode step driven and compared
-    NO_PREFIX_LEN = 1  # 0.5.20/0.5.21: Req.prefix_len is missing, before any step
+    NO_PREFIX_LEN = 1  # a driver error before any step (a Req without a field it reads)
     UNPAIRED = 2  # steps driven, none paired with a check
     ALLOC_FAILS = 3  # the step's allocation fails after "fits", a pool refusing (a finding)
     OTHER_RAISE = 4  # the step raises something else after "fits": a driver error

@@ -344,7 +344,8 @@ def test_the_command_is_exit_0_only_for_a_driven_configuration(capsys):
 
 
 def test_a_release_without_req_prefix_len_is_not_driven_exit_2(monkeypatch, capsys):
-    """0.5.20/0.5.21 (Req.prefix_len arrived in 0.5.22): 0 steps driven, never exit 0."""
+    """A driver error before the first step (e.g. a Req without the extend fields
+    the driver reads): 0 steps driven, never exit 0."""
     original = sb.Req.init_next_round_input
 
     def without(self, *args, **kwargs):

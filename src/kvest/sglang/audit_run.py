@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import enum
 import functools
+import inspect
 import logging
 import os
 import random
@@ -194,17 +195,72 @@ def sg() -> SimpleNamespace:
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    paged = sys.modules[PagedTokenToKVPoolAllocator.__module__]
     return SimpleNamespace(
         version=sglang.__version__, torch=torch, sb=sb, allocation=allocation, common=common,
-        Paged=PagedTokenToKVPoolAllocator, Token=TokenToKVPoolAllocator,
+        paged=paged, Paged=PagedTokenToKVPoolAllocator, Token=TokenToKVPoolAllocator,
         CacheInitParams=CacheInitParams, ReqToTokenPool=ReqToTokenPool, RadixCache=RadixCache,
         get_context=get_context, SamplingParams=SamplingParams,
-        SpeculativeAlgorithm=SpeculativeAlgorithm)
+        SpeculativeAlgorithm=SpeculativeAlgorithm, has=features(sb.Req, common, paged, RadixCache))
+
+
+class Features(NamedTuple):
+    """What the driver meets that differs by release, each read once from the
+    release's own classes and modules (a feature test, not a version)."""
+
+    extend_range: bool  # Req.set_extend_range (before 0.5.22; since: prefix_len, extend_end)
+    release_flag: str  # release_kv_cache's keep-in-tree keyword: checkpoint (0.5.22+), is_insert
+    paged_cpu: bool  # the paged allocator's own CPU path (alloc_decode_naive: 0.5.22+)
+    tree_lock: bool  # the tree cache's lock()/unlock() (0.5.22+; before, inc_lock_ref/unpin)
+
+
+def features(req: type, common: Any, paged: Any, cache: type) -> Features:
+    params = inspect.signature(common.release_kv_cache).parameters
+    flag = next(name for name in ("checkpoint", "is_insert") if name in params)
+    return Features(extend_range=hasattr(req, "set_extend_range"), release_flag=flag,
+                    paged_cpu=hasattr(paged, "alloc_decode_naive"),
+                    tree_lock=hasattr(cache, "lock"))
+
+
+class _Launch:
+    """A Triton kernel's launch (``kernel[grid](*args)``) by a CPU function."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self.fn
+
+
+def _pages(free_pages: Any) -> Any:
+    """The free pages the naive path may index: the kernel reads past an empty
+    list (garbage the allocator then discards, returning None); the naive path
+    would assert instead."""
+    return free_pages if free_pages.numel() else free_pages.new_full((1,), -1)
+
+
+def alloc_extend_cpu(prefix_lens: Any, seq_lens: Any, last_loc: Any, free_pages: Any,
+                     out_indices: Any, bs_upper: int, page_size: int) -> None:
+    """``alloc_extend_kernel`` on the CPU: the release's own ``alloc_extend_naive``."""
+    sg().paged.alloc_extend_naive(prefix_lens, seq_lens, last_loc, _pages(free_pages),
+                                  out_indices, page_size, out_indices.device)
+
+
+def alloc_decode_cpu(seq_lens: Any, last_loc: Any, free_pages: Any, out_indices: Any,
+                     bs_upper: int, page_size: int) -> None:
+    """``alloc_decode_kernel`` on the CPU: a one-token extend from ``seq_lens - 1``
+    by the release's own ``alloc_extend_naive`` (the kernel's arithmetic: a new
+    page for a request whose token starts one, taken in batch order)."""
+    sg().paged.alloc_extend_naive(seq_lens - 1, seq_lens, last_loc, _pages(free_pages),
+                                  out_indices, page_size, out_indices.device)
 
 
 def _standins() -> None:
     s = sg()
     s.allocation.assign_req_to_token_pool_func = assign_torch
+    if not s.has.paged_cpu:  # the paged allocator's Triton kernels (no CPU driver)
+        s.paged.alloc_extend_kernel = _Launch(alloc_extend_cpu)
+        s.paged.alloc_decode_kernel = _Launch(alloc_decode_cpu)
 
 
 def spec_algorithms() -> list[str]:
@@ -422,12 +478,13 @@ class World:
         while self.waiting and running + len(picked) < self.max_running and len(picked) < 3:
             req = self.waiting[0]
             req.init_next_round_input(self.cache)
-            req.extend_end = len(req.full_untruncated_fill_ids)
-            self.prefix_hits += req.prefix_len
-            need = (-(-req.extend_end // self.page) + 1) * self.page + self.reserve
+            prefix, end = _extend_all(req)
+            self.prefix_hits += prefix
+            need = (-(-end // self.page) + 1) * self.page + self.reserve
             if need > budget:
                 break
             budget -= need
+            self._lock_prefix(req)
             picked.append(self.waiting.popleft())
         if not picked:
             return
@@ -451,6 +508,19 @@ class World:
         else:
             with self._draft_detached(self.running, batch):
                 self.running.merge_batch(batch)
+
+    def _lock_prefix(self, req: Any) -> None:
+        """Lock the matched prefix in the tree for the request's life, as the
+        scheduler's admission (``PrefillAdder``) does: ``release_kv_cache`` and
+        retraction let go of it, and eviction must not take it meanwhile."""
+        if sg().has.tree_lock:
+            req.lock = self.cache.lock(req.last_node)
+            return
+        from sglang.srt.managers.schedule_policy import PrefillAdder
+
+        adder = SimpleNamespace(tree_cache=self.cache, is_hybrid_swa=self.config.pool in (
+            Pool.SWA, Pool.PURE_SWA))  # the fields the release's own method reads
+        PrefillAdder._req_inc_lock_ref(adder, req)
 
     @contextlib.contextmanager
     def _draft_detached(self, *batches: Any) -> Any:
@@ -531,7 +601,8 @@ class World:
                 req.finished_reason = s.sb.FINISH_LENGTH(length=len(req.output_ids))
                 if self.coordinator is not None:
                     self.coordinator.request_finished(req)
-                s.common.release_kv_cache(req, self.cache, checkpoint=self.config.sharing)
+                keep = {s.has.release_flag: self.config.sharing}  # into the tree
+                s.common.release_kv_cache(req, self.cache, **keep)
                 done = True
         if done:
             with self._draft_detached(batch):
@@ -540,6 +611,17 @@ class World:
     def tick(self) -> None:
         self.admit()
         self.decode()
+
+
+def _extend_all(req: Any) -> tuple[int, int]:
+    """Give a matched request its whole fill as the extend: (prefix reused, end)."""
+    end = len(req.full_untruncated_fill_ids)
+    if sg().has.extend_range:
+        prefix = len(req.prefix_indices)
+        req.set_extend_range(prefix, end)
+        return prefix, end
+    req.extend_end = end
+    return req.prefix_len, end
 
 
 def _swa_kv() -> Any:
