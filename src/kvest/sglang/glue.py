@@ -23,7 +23,9 @@ original runs.
 from __future__ import annotations
 
 import builtins
+import enum
 import functools
+import gc
 import operator
 import time
 import types
@@ -493,17 +495,44 @@ class _NotPlain(Exception):
     """A read would run code of the caller's: the call is not compared."""
 
 
+class Route(enum.Enum):
+    """How ``obj.name`` is read where that runs no code of the caller's."""
+
+    DICT = "the instance dict"
+    SLOT = "a slot"
+    CODE = "code of the caller's"  # (not read)
+
+
+# (class, name) -> (the class's version tag, its Route): worked out once per tag
+_ROUTES: dict[tuple[type, str], tuple[int, Route]] = {}
+
+
+def _route(cls: type, name: str) -> Route:
+    tag = _type_version(cls)
+    if tag:
+        known = _ROUTES.get((cls, name))
+        if known is not None and known[0] == tag:
+            return known[1]
+    route = Route.CODE
+    if cls.__getattribute__ is object.__getattribute__ and not hasattr(cls, "__getattr__"):
+        defined = next((k.__dict__[name] for k in cls.__mro__ if name in k.__dict__), _NOTHING)
+        route = (Route.DICT if defined is _NOTHING
+                 else Route.SLOT if type(defined) is types.MemberDescriptorType else Route.CODE)
+    if tag:
+        if len(_ROUTES) >= 256:
+            _ROUTES.clear()
+        _ROUTES[(cls, name)] = (tag, route)
+    return route
+
+
 def plain_attr(obj: Any, name: str) -> Any:
     """``obj.name`` where reading it runs no code of the caller's (as
     :func:`plain_reqs` reads ``reqs``: the generic getattr, nothing under the
     name on the class but a slot), else :class:`_NotPlain`."""
-    cls = type(obj)
-    if cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__"):
-        raise _NotPlain(name)
-    defined = next((k.__dict__[name] for k in cls.__mro__ if name in k.__dict__), _NOTHING)
-    if defined is _NOTHING:
+    route = _route(type(obj), name)
+    if route is Route.DICT:
         found = getattr(obj, "__dict__", {}).get(name, _NOTHING)
-    elif type(defined) is types.MemberDescriptorType:
+    elif route is Route.SLOT:
         found = getattr(obj, name, _NOTHING)  # (a slot's own get: no code of the caller's)
     else:
         raise _NotPlain(name)
@@ -516,9 +545,23 @@ def _mirror(reqs: Any, paths: tuple[tuple[str, ...], ...]
             ) -> tuple[list[_Copy], tuple[Write, ...]]:
     """kvest's copies of ``reqs`` along ``paths`` (one copy per distinct object,
     so that a request listed twice, or two requests sharing one ``kv``, are
-    written as upstream writes them), and every leaf an exact int."""
+    written as upstream writes them), and every leaf an exact int.  Collections
+    are held off meanwhile (as the compiled kernels hold them): no finalizer
+    runs between reads, so each class's route, worked out once, holds."""
     memo: dict[int, _Copy] = {}
     leaves: dict[tuple[int, str], Write] = {}
+    routes: dict[tuple[type, str], Route] = {}
+
+    def read(obj: Any, name: str) -> Any:
+        key = (type(obj), name)
+        route = routes.get(key)
+        if route is None:
+            route = routes[key] = _route(type(obj), name)
+        found = (obj.__dict__.get(name, _NOTHING) if route is Route.DICT
+                 else getattr(obj, name, _NOTHING) if route is Route.SLOT else _NOTHING)
+        if found is _NOTHING:
+            raise _NotPlain(name)
+        return found
 
     def copy_of(obj: Any) -> _Copy:
         found = memo.get(id(obj))
@@ -526,23 +569,29 @@ def _mirror(reqs: Any, paths: tuple[tuple[str, ...], ...]
             found = memo[id(obj)] = _Copy()
         return found
 
-    copies = []
-    for req in reqs:
-        copies.append(copy_of(req))
-        for path in paths:
-            obj = req
-            for name in path[:-1]:
-                inner = plain_attr(obj, name)
-                setattr(copy_of(obj), name, copy_of(inner))
-                obj = inner
-            key = (id(obj), path[-1])
-            if key not in leaves:
-                value = plain_attr(obj, path[-1])
-                if type(value) is not int:
-                    raise _NotPlain(path[-1])
-                owner = copy_of(obj)
-                setattr(owner, path[-1], value)
-                leaves[key] = Write(obj, path[-1], value, owner)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        copies = []
+        for req in reqs:
+            copies.append(copy_of(req))
+            for path in paths:
+                obj = req
+                for name in path[:-1]:
+                    inner = read(obj, name)
+                    setattr(copy_of(obj), name, copy_of(inner))
+                    obj = inner
+                key = (id(obj), path[-1])
+                if key not in leaves:
+                    value = read(obj, path[-1])
+                    if type(value) is not int:
+                        raise _NotPlain(path[-1])
+                    owner = copy_of(obj)
+                    setattr(owner, path[-1], value)
+                    leaves[key] = Write(obj, path[-1], value, owner)
+    finally:
+        if collecting:
+            gc.enable()
     return copies, tuple(leaves.values())
 
 
