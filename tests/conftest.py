@@ -112,3 +112,15 @@ def multiproc(tmp_path, monkeypatch):
     metrics._forget()
     yield tmp_path
     metrics._forget()
+
+
+@pytest.fixture(autouse=True)
+def _no_first_report_kept():
+    """Each test starts with no first shadow mismatch or kernel failure kept:
+    the monitor logs and keeps only the first of each hot spot in a process,
+    so what a test breaks on purpose is its own first, whatever ran before."""
+    from kvest.sglang import monitor
+
+    for spot in monitor.STATE.spots.values():
+        spot.first_mismatch = spot.first_failure = None
+    yield
