@@ -147,6 +147,11 @@ def _expected(status: dict) -> dict:
         for answer in metrics.ANSWERS:
             out[("kvest_calls_total", ("answer", answer), ("hotspot", hotspot))] = \
                 float(counts[answer])
+        out[("kvest_kernel_failures_total", ("hotspot", hotspot))] = \
+            float(counts["failures"])
+        for state in metrics.STATES:
+            out[("kvest_hotspot_state", ("hotspot", hotspot), ("state", state))] = \
+                1.0 if entry["state"] == state else 0.0
         out[("kvest_shadow_comparisons_total", ("hotspot", hotspot))] = \
             float(counts["compared"])
         out[("kvest_shadow_mismatches_total", ("hotspot", hotspot))] = \
