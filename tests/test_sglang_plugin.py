@@ -203,7 +203,8 @@ def test_shadow_through_load_plugins(tree, monkeypatch):
     assert report["mode"] == "shadow"
     spot = report["hotspots"]["new_tokens_required_next_decode"]
     assert spot["state"] == "shadow"
-    # Each call compared and counted once, the nested spec-v2 call included.
+    # Each call compared and counted once, and the nested spec-v2 call compared
+    # once too.
     old = before["new_tokens_required_next_decode"]
     assert spot["shadow"]["compared"] - old["shadow"]["compared"] == len(cases)
     assert spot["calls"] - old["calls"] == len(cases)
@@ -212,5 +213,7 @@ def test_shadow_through_load_plugins(tree, monkeypatch):
     nested = "_new_tokens_required_next_decode_spec_v2"
     spec_calls = sum(spec for spec, _ in cases)
     assert report["hotspots"][nested]["calls"] - before[nested]["calls"] == spec_calls
-    assert report["hotspots"][nested]["shadow"]["compared"] == before[nested]["shadow"][
-        "compared"]
+    assert report["hotspots"][nested]["shadow"]["compared"] - before[nested]["shadow"][
+        "compared"] == spec_calls
+    assert report["hotspots"][nested]["shadow"]["mismatches"] == before[nested]["shadow"][
+        "mismatches"]

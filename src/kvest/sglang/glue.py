@@ -23,11 +23,14 @@ original runs.
 from __future__ import annotations
 
 import builtins
+import enum
 import functools
+import gc
 import operator
+import time
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -450,6 +453,280 @@ def make_beam_tail_loop(pattern: Pattern, name: str, checked: dict[str, Any]
         return DECLINED
 
     return _sized(beam_tail_loop, below)
+
+
+# ------------------------------------------------------------------ writers in shadow mode
+#
+# In shadow mode a writer's statement runs once, upstream's.  Before it, its dry
+# run works out what kvest's writer would write -- the kernel itself, run on
+# kvest's own copies of the lengths it reads (read only where reading runs no
+# code of the caller's) -- and after it, :func:`shadow_check` compares that
+# with what upstream's statement wrote (kvest.sglang.rewrite.rebuild's
+# ``shadow`` form).  A dry run that cannot read a request so declines: that call
+# is not compared.
+
+
+class Write(NamedTuple):
+    """One attribute a writer writes: ``owner.attr`` (the real object), its value
+    before, and kvest's copy of ``owner`` holding what kvest would write."""
+
+    owner: Any
+    attr: str
+    before: int
+    copy: Any
+
+
+class DryRun(NamedTuple):
+    """What kvest would do: the writes, the values of the statement's variables
+    it says the statement leaves as they are (``keeps``), its time, and what
+    the reproduction shows of the inputs."""
+
+    writes: tuple[Write, ...]
+    keeps: tuple[Any, ...]
+    kvest_ns: int
+    inputs: str
+
+
+class _Copy:
+    """kvest's own copy of a request (or of its ``kv``): plain attributes only."""
+
+
+class _NotPlain(Exception):
+    """A read would run code of the caller's: the call is not compared."""
+
+
+class Route(enum.Enum):
+    """How ``obj.name`` is read where that runs no code of the caller's."""
+
+    DICT = "the instance dict"
+    SLOT = "a slot"
+    CODE = "code of the caller's"  # (not read)
+
+
+# (class, name) -> (the class's version tag, its Route): worked out once per tag
+_ROUTES: dict[tuple[type, str], tuple[int, Route]] = {}
+
+
+def _route(cls: type, name: str) -> Route:
+    tag = _type_version(cls)
+    if tag:
+        known = _ROUTES.get((cls, name))
+        if known is not None and known[0] == tag:
+            return known[1]
+    route = Route.CODE
+    if cls.__getattribute__ is object.__getattribute__ and not hasattr(cls, "__getattr__"):
+        defined = next((k.__dict__[name] for k in cls.__mro__ if name in k.__dict__), _NOTHING)
+        route = (Route.DICT if defined is _NOTHING
+                 else Route.SLOT if type(defined) is types.MemberDescriptorType else Route.CODE)
+    if tag:
+        if len(_ROUTES) >= 256:
+            _ROUTES.clear()
+        _ROUTES[(cls, name)] = (tag, route)
+    return route
+
+
+def plain_attr(obj: Any, name: str) -> Any:
+    """``obj.name`` where reading it runs no code of the caller's (as
+    :func:`plain_reqs` reads ``reqs``: the generic getattr, nothing under the
+    name on the class but a slot), else :class:`_NotPlain`."""
+    route = _route(type(obj), name)
+    if route is Route.DICT:
+        found = getattr(obj, "__dict__", {}).get(name, _NOTHING)
+    elif route is Route.SLOT:
+        found = getattr(obj, name, _NOTHING)  # (a slot's own get: no code of the caller's)
+    else:
+        raise _NotPlain(name)
+    if found is _NOTHING:
+        raise _NotPlain(name)
+    return found
+
+
+def _mirror(reqs: Any, paths: tuple[tuple[str, ...], ...]
+            ) -> tuple[list[_Copy], tuple[Write, ...]]:
+    """kvest's copies of ``reqs`` along ``paths`` (one copy per distinct object,
+    so that a request listed twice, or two requests sharing one ``kv``, are
+    written as upstream writes them), and every leaf an exact int.  Collections
+    are held off meanwhile (as the compiled kernels hold them): no finalizer
+    runs between reads, so each class's route, worked out once, holds."""
+    memo: dict[int, _Copy] = {}
+    leaves: dict[tuple[int, str], Write] = {}
+    routes: dict[tuple[type, str], Route] = {}
+
+    def read(obj: Any, name: str) -> Any:
+        key = (type(obj), name)
+        route = routes.get(key)
+        if route is None:
+            route = routes[key] = _route(type(obj), name)
+        found = (obj.__dict__.get(name, _NOTHING) if route is Route.DICT
+                 else getattr(obj, name, _NOTHING) if route is Route.SLOT else _NOTHING)
+        if found is _NOTHING:
+            raise _NotPlain(name)
+        return found
+
+    def copy_of(obj: Any) -> _Copy:
+        found = memo.get(id(obj))
+        if found is None:
+            found = memo[id(obj)] = _Copy()
+        return found
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        copies = []
+        for req in reqs:
+            copies.append(copy_of(req))
+            for path in paths:
+                obj = req
+                for name in path[:-1]:
+                    inner = read(obj, name)
+                    setattr(copy_of(obj), name, copy_of(inner))
+                    obj = inner
+                key = (id(obj), path[-1])
+                if key not in leaves:
+                    value = read(obj, path[-1])
+                    if type(value) is not int:
+                        raise _NotPlain(path[-1])
+                    owner = copy_of(obj)
+                    setattr(owner, path[-1], value)
+                    leaves[key] = Write(obj, path[-1], value, owner)
+    finally:
+        if collecting:
+            gc.enable()
+    return copies, tuple(leaves.values())
+
+
+def _dry(name: str, kernel: Any, work: Callable[..., Any]) -> Callable[..., Any]:
+    """A dry run: ``work(*args)`` (the kernel on kvest's copies) as a
+    :class:`DryRun`, timed, or :data:`DECLINED` where a request is not plain
+    (or the kernel declines; any other exception is kvest's failure, counted)."""
+
+    def dry(*args: Any) -> Any:
+        if not _STATE.announced:
+            _first_call()
+        start = time.perf_counter_ns()
+        try:
+            writes, keeps, inputs = work(*args)
+        except _NotPlain:
+            return DECLINED
+        except Exception as error:
+            _failed(name, kernel, error, args[:1])
+            return DECLINED
+        return DryRun(writes, keeps, time.perf_counter_ns() - start, inputs)
+
+    return dry
+
+
+def _adding_dry(name: str, paths: tuple[tuple[str, ...], ...], fixed: Any
+                ) -> Callable[..., Any]:
+    """``for req in owner.reqs: req.<path> += delta``, on kvest's copies."""
+    add = kvest.add_to_attrs
+
+    def work(owner: Any, delta: Any = fixed) -> tuple[tuple[Write, ...], tuple[()], str]:
+        reqs = plain_reqs(owner)
+        if type(reqs) is not list or type(delta) is not int:
+            raise _NotPlain("reqs")
+        copies, writes = _mirror(reqs, paths)
+        add(copies, paths, delta, pure=True)
+        return writes, (), f"delta {delta}"
+
+    return _dry(name, add, work)
+
+
+def make_add_lengths_loop_dry(pattern: Pattern, name: str, checked: dict[str, Any]
+                              ) -> Callable[..., Any]:
+    return _adding_dry(name, _NESTED_LENGTHS, None)
+
+
+def make_batch_idx_loop_dry(pattern: Pattern, name: str, checked: dict[str, Any]
+                            ) -> Callable[..., Any]:
+    return _adding_dry(name, pattern.paths, 1)
+
+
+def make_max_allocated_loop_dry(pattern: Pattern, name: str, checked: dict[str, Any]
+                                ) -> Callable[..., Any]:
+    """``req.kv.kv_allocated_len = max(req.kv.kv_allocated_len, v)`` on kvest's copies."""
+    raise_to = kvest.max_into_attr
+
+    def work(reqs: Any, values: Any, zip_: Any, max_: Any
+             ) -> tuple[tuple[Write, ...], tuple[()], str]:
+        if zip_ is not _ZIP or max_ is not _MAX or type(reqs) not in _SEQUENCES \
+                or not exact_ints(values) or len(values) != len(reqs):
+            raise _NotPlain("values")  # (zip's own ValueError is upstream's to raise)
+        copies, writes = _mirror(reqs, (_ALLOCATED,))
+        raise_to(copies, _ALLOCATED, values, strict=True, pure=True)
+        return writes, (), f"values {list(values)[:64]}"
+
+    return _dry(name, raise_to, work)
+
+
+def make_beam_tail_loop_dry(pattern: Pattern, name: str, checked: dict[str, Any]
+                            ) -> Callable[..., Any]:
+    """The beam tail loop kvest skips when no request is in a beam group: with
+    none, kvest's answer is that the loop leaves its running offset as it
+    was; with one, upstream's loop runs in mode on too (not compared)."""
+    kernel = kvest.beam_groups_from_reqs
+
+    def work(owner: Any, enumerate_: Any, keeps: Any) -> tuple[tuple[()], tuple[Any], str]:
+        reqs = plain_reqs(owner)
+        if enumerate_ is not _ENUMERATE or type(reqs) is not list or type(keeps) is not tuple \
+                or kernel(reqs, pure=True) != 0:
+            raise _NotPlain("reqs")  # (an offset not bound yet: _NOTHING, not a tuple)
+        return (), keeps, f"{len(reqs)} requests, none in a beam group"
+
+    dry = _dry(name, kernel, work)
+    dry.kvest_keeps = ("offset",)  # type: ignore[attr-defined]
+    return dry
+
+
+def shadow_check(name: str) -> Callable[..., None]:
+    """What the rewritten function calls after upstream's writer ran:
+    ``check(dry, start[, keeps])``, ``dry`` the statement's :class:`DryRun` (or
+    :data:`DECLINED`: nothing compared), ``start`` the clock before upstream's
+    statement, ``keeps`` the values now of the variables the dry run says the
+    statement leaves as they are (a tuple).  Never raises: it runs inside
+    SGLang's step."""
+
+    def check(dry: Any, start: int, keeps: Any = ()) -> None:
+        if type(dry) is not DryRun:
+            return
+        upstream_ns = time.perf_counter_ns() - start
+        try:
+            got = [_read_back(w) for w in dry.writes]
+            wanted = [w.copy.__dict__.get(w.attr, _NOTHING) for w in dry.writes]
+            same = got == wanted and _kept(keeps, dry.keeps)
+        except Exception:
+            got, wanted, same = [], [], False
+        monitor.record(name, same, dry.kvest_ns, upstream_ns,
+                       lambda: _write_report(dry, got, wanted, keeps))
+
+    return check
+
+
+def _kept(now: Any, before: tuple[Any, ...]) -> bool:
+    """Whether each variable is still the very object it was (``is``: for an int
+    offset, the same value; anything else the loop rebinds it to differs)."""
+    return type(now) is tuple and len(now) == len(before) and all(
+        a is b or (type(a) is int and type(b) is int and a == b)
+        for a, b in zip(now, before, strict=True))
+
+
+def _read_back(write: Write) -> Any:
+    try:
+        return plain_attr(write.owner, write.attr)
+    except _NotPlain:
+        return _NOTHING  # (upstream's statement made it unreadable: a mismatch)
+
+
+def _write_report(dry: DryRun, got: list[Any], wanted: list[Any], keeps: tuple[Any, ...]
+                  ) -> str:
+    """The first differing writes (before, kvest's, upstream's) and the inputs."""
+    differ = [(w.attr, w.before, k, u) for w, k, u in zip(dry.writes, wanted, got, strict=True)
+              if k != u][:16]
+    kept = "" if _kept(keeps, dry.keeps) else (
+        f"; kvest says the loop leaves {dry.keeps!r}, upstream's made it {keeps!r}")
+    return (f"{len(differ)} of {len(dry.writes)} writes differ (attribute, before, kvest, "
+            f"upstream): {differ}{kept}; {dry.inputs}; lengths before "
+            f"{[w.before for w in dry.writes][:128]}{monitor._config()}")
 
 
 # ------------------------------------------------------------------ whole functions

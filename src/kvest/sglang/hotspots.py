@@ -153,28 +153,25 @@ def plan(import_modules: bool = True, mode: Mode = Mode.ON, reason: str = "kvest
             entry.state = State.SKIPPED
             note(entry, NoteKind.INFO, why)
             continue
-        leaves = spot.name in skip or (mode is Mode.SHADOW and spot.writes)
-        if leaves and _no_statement(spot, fn):  # (else _plan_one tells absence)
+        if spot.name in skip and _no_statement(spot, fn):  # (else _plan_one tells absence)
             entry.state = State.ABSENT
             continue
         if spot.name in skip:
             entry.state = State.SKIPPED
             note(entry, NoteKind.INFO, f"{monitor.SKIP_ENV} names it: upstream's code runs")
             continue
-        if mode is Mode.SHADOW and spot.writes:
-            entry.state = State.SKIPPED
-            note(entry, NoteKind.INFO, "changes the requests or the batch it is given, so it "
-                                       "runs once, upstream's, in shadow mode")
-            continue
+        # A writer in shadow mode runs once, upstream's, each writing statement
+        # compared where it stands with kvest's dry run of it (rewrite.rebuild).
+        dry = mode is Mode.SHADOW and spot.writes
         try:
-            new, analysis, swaps = _plan_one(spot, fn, entry)
+            new, analysis, swaps = _plan_one(spot, fn, entry, dry)
         except rewrite.Unreadable as exc:
             entry.state = State.LEFT_ALONE
             note(entry, NoteKind.UNREADABLE, str(exc))
             continue
         if new is None:
             continue
-        if mode is Mode.SHADOW:
+        if mode is Mode.SHADOW and not dry:
             new = monitor.shadow(fn, new, spot.name)
         entry.state = State.SHADOW if mode is Mode.SHADOW else State.REPLACED
         qual = f"{owner.__module__}.{owner.__qualname__}" if isinstance(owner, type) \
@@ -249,13 +246,24 @@ def _checked(fn: Any, names: tuple[str, ...]) -> tuple[dict[str, Any], str | Non
     return checked, None
 
 
-def make_swap(found: rewrite.Found, spot: str, checked: dict[str, Any]) -> rewrite.Swap:
-    """The swap of one found statement: its kind's glue, counting into ``spot``."""
-    maker = getattr(glue, f"make_{found.pattern.kind}", glue.make_kernel)
+def make_swap(found: rewrite.Found, spot: str, checked: dict[str, Any], dry: bool = False
+              ) -> rewrite.Swap | None:
+    """The swap of one found statement: its kind's glue, counting into ``spot``;
+    with ``dry`` (a writer in shadow mode), its kind's dry run
+    (``glue.make_<kind>_dry``) and the comparison after upstream's statement,
+    or ``None`` where the kind has none (a reader, or a writer kvest cannot
+    yet run dry): upstream's statement, alone."""
+    kind = found.pattern.kind
+    if dry:
+        maker = getattr(glue, f"make_{kind}_dry", None) if KINDS[kind].writes else None
+        if maker is None:
+            return None
+        return rewrite.Swap(found, maker(found.pattern, spot, checked), glue.shadow_check(spot))
+    maker = getattr(glue, f"make_{kind}", glue.make_kernel)
     return rewrite.Swap(found, maker(found.pattern, spot, checked))
 
 
-def _plan_one(spot: HotSpot, fn: Any, entry: monitor.Spot
+def _plan_one(spot: HotSpot, fn: Any, entry: monitor.Spot, dry: bool = False
               ) -> tuple[Any, rewrite.Analysis | None, list[rewrite.Swap]]:
     analysis = rewrite.analyse(fn, list(spot.kinds))
     entry.notes += analysis.notes
@@ -291,7 +299,13 @@ def _plan_one(spot: HotSpot, fn: Any, entry: monitor.Spot
         if why is not None:
             note(entry, NoteKind.HELPER, f"line {found.stmt.lineno}: {why}")
             continue
-        swaps.append(make_swap(found, spot.name, checked))
+        swap = make_swap(found, spot.name, checked, dry)
+        if swap is None:
+            note(entry, NoteKind.INFO, f"line {found.stmt.lineno} ({found.pattern.id}): "
+                                       "not compared in shadow mode (no dry run of its kind): "
+                                       "upstream's statement runs")
+            continue
+        swaps.append(swap)
         entry.patterns.append(f"{found.pattern.id} at line {found.stmt.lineno}")
     if not swaps:
         if any(n.kind is NoteKind.SLOWER for n in entry.notes) and not entry.declines:

@@ -323,7 +323,14 @@ class _State:
 
 STATE = _State()
 _SHADOW_LOCK = threading.Lock()  # shadow mode's counters and samples
-_side = threading.local()  # which side a shadow call is running on this thread
+_side = threading.local()  # which side (Side) a shadow call is running on this thread
+
+
+class Side(enum.Enum):
+    """The side of a shadow call that is running."""
+
+    UPSTREAM = "upstream"
+    KVEST = "kvest"
 
 
 def reset(mode: Mode, reason: str, sglang: str, scheduler: bool,
@@ -598,47 +605,71 @@ def _outcome(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
     return value, None, time.perf_counter_ns() - start
 
 
+def record(name: str, same: bool, kvest_ns: int, upstream_ns: int,
+           report: Callable[[], str]) -> None:
+    """One shadow comparison of hot spot ``name``: counted, timed, and the
+    first mismatch logged with ``report()`` (which must not change anything;
+    if it raises, the mismatch is still counted)."""
+    entry = spot(name)
+    with _SHADOW_LOCK:  # (+= is no single step: two threads must not lose a count)
+        entry.compared += 1
+        entry.mismatches += int(not same)
+        entry.upstream_ns.add(upstream_ns)
+        entry.kvest_ns.add(kvest_ns)
+        first = not same and entry.first_mismatch is None
+        if first:
+            entry.first_mismatch = ""  # (taken: one thread writes the report)
+    if first:
+        try:  # the report reads the arguments again: it must never raise
+            text = report()
+        except Exception as exc:
+            text = f"(no reproduction: reading the arguments raised {exc!r})"
+        entry.first_mismatch = text
+        logger.warning("kvest shadow: first mismatch in %s: %s", name, text)
+    if time.monotonic() - STATE.last_summary > SUMMARY_EVERY:
+        summary()
+
+
 def shadow(original: Callable[..., Any], replaced: Callable[..., Any], name: str
            ) -> Callable[..., Any]:
     """``original`` and ``replaced`` both run, ``original``'s answer is returned
-    (both only read their inputs).  A shadowed hot spot called from inside
-    another one's shadow call runs the side its caller is running, once: each
-    outer call is compared once, and counted once."""
-    entry = spot(name)
+    (both only read their inputs: the writers are compared statement by
+    statement instead, :func:`kvest.sglang.rewrite.rebuild`).
+
+    A shadowed hot spot called from inside another one's shadow call is
+    compared too, once: on the caller's kvest side, where its own kvest side
+    is the one that runs anyway (so each call of kvest's code is counted once)
+    and answers the caller, and its upstream side is run beside it (a reader:
+    run twice, once a side), its time taken out of the caller's kvest time.
+    On the caller's upstream side it runs upstream's code alone."""
 
     def shadowed(*args: Any, **kwargs: Any) -> Any:
-        side = getattr(_side, "name", None)
-        if side is not None:
-            return (replaced if side == "kvest" else original)(*args, **kwargs)
+        outer = getattr(_side, "name", None)
+        if outer is Side.UPSTREAM:
+            return original(*args, **kwargs)
         if not STATE.announced:
             announce()
         try:
-            _side.name = "upstream"
+            _side.name = Side.UPSTREAM
             value, error, upstream_ns = _outcome(original, args, kwargs)
-            _side.name = "kvest"
+            _side.name, nested = Side.KVEST, getattr(_side, "nested_ns", 0)
+            _side.nested_ns = 0
             mine, mine_error, kvest_ns = _outcome(replaced, args, kwargs)
+            # (the upstream sides of the hot spots it reached, compared inside it)
+            kvest_ns -= _side.nested_ns
+            _side.nested_ns = nested + (upstream_ns if outer is Side.KVEST else 0)
         finally:
-            _side.name = None
+            _side.name = outer
         try:
             same = (type(error) is type(mine_error) and str(error) == str(mine_error)
                     if error is not None or mine_error is not None
                     else _comparable(value) == _comparable(mine))
         except Exception:
             same = False
-        with _SHADOW_LOCK:  # (+= is no single step: two threads must not lose a count)
-            entry.compared += 1
-            entry.mismatches += int(not same)
-            entry.upstream_ns.add(upstream_ns)
-            entry.kvest_ns.add(kvest_ns)
-        if not same and entry.first_mismatch is None:
-            try:  # the report reads the arguments again: it must never raise
-                report = _reproduction(args, kwargs, value, error, mine, mine_error)
-            except Exception as exc:
-                report = f"(no reproduction: reading the arguments raised {exc!r})"
-            entry.first_mismatch = report
-            logger.warning("kvest shadow: first mismatch in %s: %s", name, report)
-        if time.monotonic() - STATE.last_summary > SUMMARY_EVERY:
-            summary()
+        record(name, same, kvest_ns, upstream_ns,
+               lambda: _reproduction(args, kwargs, value, error, mine, mine_error))
+        if outer is Side.KVEST:  # (the caller's kvest side goes on with kvest's answer)
+            value, error = mine, mine_error
         if error is not None:
             raise error
         return value

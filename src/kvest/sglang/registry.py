@@ -64,7 +64,7 @@ class State(enum.Enum):
     SHADOW = "shadow"  # both run, upstream answers
     LEFT_ALONE = "left alone"  # in the release, not compiled: the notes say why
     NOT_RECOGNISED = "not recognised in this release"  # an older shape kvest has no pattern for
-    SKIPPED = "skipped"  # another hook is there, torch is not loaded, a writer in shadow mode
+    SKIPPED = "skipped"  # another hook is there, torch is not loaded, KVEST_SGLANG_SKIP
     NOT_LOADED = "not loaded"  # its module is not imported in this process
     ABSENT = "absent"  # not in this release
     OFF = "off"  # kvest is off in this process

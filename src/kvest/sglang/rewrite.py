@@ -47,11 +47,13 @@ import ast
 import copy
 import dataclasses
 import linecache
+import time
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvest.sglang import fingerprint, patterns
+from kvest.sglang.glue import _NOTHING as _UNBOUND
 from kvest.sglang.glue import DECLINED, HANDED, plain_reqs
 from kvest.sglang.patterns import Pattern
 from kvest.sglang.registry import KINDS, Note, NoteKind
@@ -340,6 +342,9 @@ class Swap:
 
     found: Found
     glue: Callable[..., Any]
+    # shadow mode's writer form: ``glue`` is the statement's dry run, and this
+    # compares it with what upstream's statement wrote (glue.shadow_check)
+    check: Callable[..., Any] | None = None
 
 
 def _small_list_rule(obj: Any, below: int) -> bool:
@@ -398,6 +403,55 @@ def _runs_once(fn: ast.FunctionDef, stmt: ast.stmt) -> bool:
         if isinstance(outer, _REPEATING) and outer is not fn and outer is not stmt)
 
 
+def _bound(target: str, roles: list[str]) -> ast.stmt:
+    """``target = (<roles>,)``, or the unbound marker where one of them is not
+    bound yet (reading a variable must not raise where upstream's code does not)."""
+    value = ast.Tuple([ast.Name(r, ast.Load()) for r in roles], ast.Load())
+    unbound = ast.Assign([ast.Name(target, ast.Store())], ast.Name("__kvest_unbound__",
+                                                                   ast.Load()))
+    return ast.Try([ast.Assign([ast.Name(target, ast.Store())], value)],
+                   [ast.ExceptHandler(ast.Name("__kvest_name_error__", ast.Load()), None,
+                                      [unbound])],
+                   [], [])
+
+
+def _shadow_form(node: ast.stmt, found: Found, args: list[ast.expr], glue: Any, cell: str,
+                 check: str, counting: bool, alone: bool) -> list[ast.stmt]:
+    """A writer in shadow mode: kvest's dry run of its inputs, upstream's
+    statement (which alone writes), then the comparison::
+
+        __kvest_result__ = <dry run>(<inputs>, <globals>[, (<keeps>,)])
+        __kvest_start__ = __kvest_clock__()
+        S
+        <check>(__kvest_result__, __kvest_start__[, (<keeps>,)])
+
+    counted as the kernel where the dry run answered, else as a fallback."""
+    keeps = [found.name(r) for r in getattr(glue, "kvest_keeps", ())]
+    out: list[ast.stmt] = []
+    if keeps:
+        out.append(_bound("__kvest_keeps__", keeps))
+        args = [*args, ast.Name("__kvest_keeps__", ast.Load())]
+    result = ast.Name("__kvest_result__", ast.Load())
+    out.append(ast.Assign([ast.Name("__kvest_result__", ast.Store())],
+                          ast.Call(ast.Name(cell, ast.Load()), args, [])))
+    if counting:
+        test = ast.Compare(result, [ast.Is()], [ast.Name("__kvest_declined__", ast.Load())])
+        out.append(ast.If(test, [_seen(ast.Constant(_FALLBACK))], [_seen_kernel(alone)]))
+    out.append(ast.Assign([ast.Name("__kvest_start__", ast.Store())],
+                          ast.Call(ast.Name("__kvest_clock__", ast.Load()), [], [])))
+    out.append(node)
+    after: list[ast.expr] = [result, ast.Name("__kvest_start__", ast.Load())]
+    if keeps:
+        out.append(_bound("__kvest_keeps__", keeps))
+        after.append(ast.Name("__kvest_keeps__", ast.Load()))
+    out.append(ast.Expr(ast.Call(ast.Name(check, ast.Load()), after, [])))
+    for new in out:
+        if new is not node:
+            ast.copy_location(new, node)
+            ast.fix_missing_locations(new)
+    return out
+
+
 def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types.FunctionType:
     """``analysis.fn`` compiled again with each swap made (see the module
     docstring); with ``counter`` (a :class:`kvest.sglang.monitor.Spot`), each
@@ -429,6 +483,13 @@ def rebuild(analysis: Analysis, swaps: list[Swap], counter: Any = None) -> types
             args: list[ast.expr] = [ast.Name(found.name(r), ast.Load()) for r in kind.inputs]
             reads = found.pattern.globals if kind.reads is None else kind.reads
             args += [ast.Name(g, ast.Load()) for g in reads]
+            if swap.check is not None:
+                check = f"{cell[:-2]}_check__"
+                cells[check] = swap.check
+                cells.update(__kvest_clock__=time.perf_counter_ns, __kvest_unbound__=_UNBOUND,
+                             __kvest_name_error__=NameError)
+                return _shadow_form(node, found, args, swap.glue, cell, check,  # type: ignore
+                                    counting, alone)
             result = "__kvest_result__"
             call = ast.Assign([ast.Name(result, ast.Store())],
                               ast.Call(ast.Name(cell, ast.Load()), args, []))
