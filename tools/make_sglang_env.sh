@@ -8,7 +8,9 @@
 #   1. pip install torch==2.13.0              (a CPU build, checked: never plain
 #                                              `torch`, which may be a multi-GB CUDA build)
 #   2. pip install --no-deps -r tools/sglang_cpu/requirements-VERSION.txt
-#      (with --scheduler, also requirements-VERSION-scheduler.txt);
+#      (with --scheduler, also requirements-VERSION-scheduler.txt); a release with no
+#      file of its own gets requirements-older.txt (the set 0.5.11-0.5.22 share) and
+#      sglang==VERSION (requirements-older-scheduler.txt with --scheduler);
 #   3. the stand-in `torchvision` (tools/sglang_cpu/torchvision_standin.py) copied into
 #      site-packages and activated by a .pth file, so every interpreter of the venv
 #      (including processes SGLang spawns) gets it before anything imports torchvision;
@@ -24,7 +26,7 @@
 #   SKIP_SMOKE=1        skip the final import test
 set -euo pipefail
 
-usage() { sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 log() { printf '[make_sglang_env %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
@@ -42,6 +44,14 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 
 # --- requirements files (the repository's own pins) -------------------------------------
 REQS=${3:-${SGLANG_CPU_REQS:-$RECIPE_DIR/requirements-$VERSION.txt}}
+OLDER=0
+if [[ ! -f $REQS && -z ${3:-} && -z ${SGLANG_CPU_REQS:-} ]]; then
+    # no pins of its own: the shared older set, and the release itself
+    OLDER=1
+    REQS=$(mktemp --suffix=.txt)
+    trap 'rm -f "$REQS"' EXIT
+    { cat "$RECIPE_DIR/requirements-older.txt"; echo "sglang==$VERSION"; } >"$REQS"
+fi
 [[ -f $REQS ]] || die "no requirements file $REQS (pinned releases: $(cd "$RECIPE_DIR" \
     && ls requirements-*.txt | grep -v scheduler | sed 's/requirements-//; s/.txt//' | tr '\n' ' '))"
 REQS=$(cd "$(dirname "$REQS")" && pwd)/$(basename "$REQS")
@@ -49,6 +59,7 @@ grep -qiE "^sglang==$VERSION\s*$" "$REQS" || die "$REQS does not pin sglang==$VE
 SCHED_REQS=
 if [[ $SCHEDULER == 1 ]]; then
     SCHED_REQS="$RECIPE_DIR/requirements-$VERSION-scheduler.txt"
+    [[ $OLDER == 1 ]] && SCHED_REQS="$RECIPE_DIR/requirements-older-scheduler.txt"
     [[ -f $SCHED_REQS ]] || die "--scheduler: no $SCHED_REQS"
 fi
 
