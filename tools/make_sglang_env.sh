@@ -9,7 +9,8 @@
 #                                              `torch`, which may be a multi-GB CUDA build)
 #   2. pip install --no-deps -r tools/sglang_cpu/requirements-VERSION.txt
 #      (with --scheduler, also requirements-VERSION-scheduler.txt); a release with no
-#      file of its own gets requirements-older.txt (the set 0.5.11-0.5.22 share) and
+#      file of its own gets requirements-older.txt (transformers 5.12.1 and xgrammar
+#      0.2.1, as 0.5.15-0.5.20 pin them; tried on 0.5.18 and 0.5.19) and
 #      sglang==VERSION (requirements-older-scheduler.txt with --scheduler);
 #   3. the stand-in `torchvision` (tools/sglang_cpu/torchvision_standin.py) copied into
 #      site-packages and activated by a .pth file, so every interpreter of the venv
