@@ -692,3 +692,71 @@ def test_a_pool_that_cannot_be_a_dict_key_is_passed_through(audited):
     batch.body = lambda: pool.alloc(5)  # refused
     assert step(batch)
     assert pool.free == 2 and audit.report()["errors"] >= 1  # counted, never raised
+
+
+class OldScheduleBatch(ScheduleBatch):
+    """check_decode_mem as 0.5.11-0.5.18 shape it: the estimate from
+    new_tokens_required_next_decode, compared with available_size() itself."""
+
+    prepare_for_decode = ScheduleBatch.prepare_for_decode  # its own, as the audit wraps it
+
+    def new_tokens_required_next_decode(self, selected_indices=None):
+        return self.estimate(self.reqs if selected_indices is None
+                             else [self.reqs[i] for i in selected_indices])
+
+    def check_decode_mem(self, selected_indices=None):
+        num_tokens = self.new_tokens_required_next_decode(selected_indices)
+        return self.token_to_kv_pool_allocator.available_size() >= num_tokens
+
+
+@pytest.fixture()
+def audited_old(audited, monkeypatch):
+    """The stand-ins as a release before check_decode_capacity has them."""
+    audit.uninstall()
+    monkeypatch.delattr(BaseTokenToKVPoolAllocator, "check_decode_capacity")
+    monkeypatch.setattr(sys.modules[registry.BATCH], "ScheduleBatch", OldScheduleBatch)
+    assert audit.install(every=1) == []
+    assert audit.installed()
+    yield audit
+    audit.uninstall()
+    assert "__kvest_audit__" not in dir(OldScheduleBatch.__dict__["check_decode_mem"])
+
+
+def test_before_the_capacity_check_the_step_pairs_with_check_decode_mems_estimate(
+        audited_old):
+    batch = OldScheduleBatch([Req(32), Req(40)], HiSparseTokenToKVPoolAllocator(4096, 16),
+                             extra_device_pages=2)
+    batch.new_tokens_required_next_decode()  # outside the check: no estimate recorded
+    batch.prepare_for_decode()
+    assert audit.report()["unpaired"] == 1 and audit.report()["steps"] == 0
+    assert step(batch)
+    report = audit.report()
+    assert report["steps"] == 1 and report["undercounts"] == 1
+    # 33 and 41 committed: no page counted, two taken from the device pool
+    assert report["short_tokens"] == 32
+    assert report["bookkeeping_gaps"] == 0
+
+
+def test_before_the_capacity_check_the_retract_loops_last_check_pairs(audited_old):
+    batch = OldScheduleBatch([Req(c) for c in (15, 16, 31, 32)],
+                             PagedTokenToKVPoolAllocator(4096, 16))
+    keep = [3, 0, 1]
+    assert batch.check_decode_mem(keep)  # by position, then as a retract filters the batch
+    batch.reqs = [batch.reqs[i] for i in keep]
+    batch.prepare_for_decode()
+    assert batch.check_decode_mem(selected_indices=[0, 1])  # by keyword: 2 of 3, unpaired
+    batch.prepare_for_decode()
+    report = audit.report()
+    assert report["steps"] == 1 and report["unpaired"] == 1
+    assert report["undercounts"] == report["bookkeeping_gaps"] == 0
+    assert report["errors"] == 0
+
+
+def test_before_the_capacity_check_the_wrappers_pass_calls_through(audited_old):
+    batch = OldScheduleBatch([Req(16)], PagedTokenToKVPoolAllocator(4, 16))
+    assert batch.check_decode_mem() is False  # its own answer, unchanged
+    assert batch.new_tokens_required_next_decode() == 16
+    with pytest.raises(TypeError):
+        batch.check_decode_mem([0], "extra")
+    assert OldScheduleBatch.check_decode_mem.__wrapped__.__qualname__ == \
+        "OldScheduleBatch.check_decode_mem"

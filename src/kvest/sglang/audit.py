@@ -133,8 +133,9 @@ class _Step:
     """The step in progress in one thread (each thread has its own: what one
     thread's pools do never counts in another thread's step)."""
 
-    __slots__ = ("__weakref__", "allocator", "asked", "before", "check", "countdown", "depth",
-                 "every", "handed", "pools", "read_ns", "reqs", "seq_lens", "window")
+    __slots__ = ("__weakref__", "allocator", "asked", "before", "check", "checking",
+                 "countdown", "depth", "estimate", "every", "handed", "pools", "read_ns", "reqs",
+                 "seq_lens", "window")
 
     def __init__(self) -> None:
         self.window = False  # inside prepare_for_decode
@@ -146,6 +147,10 @@ class _Step:
         # the last check_decode_capacity call: (allocator, the estimate, the requests
         # it counted, its answer)
         self.check: tuple[Any, Any, Any, Any] | None = None
+        # before check_decode_capacity: inside check_decode_mem, and the estimate
+        # new_tokens_required_next_decode last returned there
+        self.checking = False
+        self.estimate: Any = _NO_ESTIMATE
         self.every = _FIXED_EVERY or 1  # read the lengths every this many steps
         self.countdown = 0
         # the step in progress: its allocator, pools, and on a sampled step the
@@ -158,6 +163,7 @@ class _Step:
         self.read_ns = 0
 
 
+_NO_ESTIMATE = object()
 _STEPS: weakref.WeakSet[_Step] = weakref.WeakSet()  # every thread's, for install and reset
 _STEPS_LOCK = threading.Lock()
 
@@ -385,6 +391,52 @@ def _capacity(original: Any) -> Any:
         return fits
 
     return _mark(check_decode_capacity, original)
+
+
+def _decode_check(original: Any) -> Any:
+    """Before check_decode_capacity: check_decode_mem, recorded as the capacity
+    check is, with the estimate new_tokens_required_next_decode returned inside
+    it and the allocator it compared that with."""
+    sig = _signature(original)
+
+    def check_decode_mem(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            step = _LOCAL.step
+        except AttributeError:
+            step = _new_step()
+        if step.checking:
+            return original(self, *args, **kwargs)
+        step.checking = True
+        step.estimate = _NO_ESTIMATE
+        try:
+            fits = original(self, *args, **kwargs)
+        finally:
+            step.checking = False
+        estimate, step.estimate = step.estimate, _NO_ESTIMATE
+        try:
+            selected = _argument(sig, 0, (self, *args), kwargs)
+            step.check = None if estimate is _NO_ESTIMATE else (
+                self.token_to_kv_pool_allocator, estimate,
+                None if selected is None else list(selected), fits)
+        except Exception:
+            step.check = None  # a call the audit cannot read: the step is unpaired
+        return fits
+
+    return _mark(check_decode_mem, original)
+
+
+def _decode_estimate(original: Any) -> Any:
+    def new_tokens_required_next_decode(self: Any, *args: Any, **kwargs: Any) -> Any:
+        estimate = original(self, *args, **kwargs)
+        try:
+            step = _LOCAL.step
+        except AttributeError:
+            step = _new_step()
+        if step.checking:
+            step.estimate = estimate
+        return estimate
+
+    return _mark(new_tokens_required_next_decode, original)
 
 
 def _decode_step(original: Any) -> Any:
@@ -706,9 +758,21 @@ def install(every: int | None = None) -> list[str]:
         step.countdown = 0
     with AUDIT.lock:
         found = _find(registry.CAPACITY_CHECK)
-        if found is None or not _wrap(found[0], registry.CAPACITY_CHECK.attr, _capacity):
+        estimated = found is not None and _wrap(found[0], registry.CAPACITY_CHECK.attr,
+                                                _capacity)
+        if not estimated:
+            # (0.5.11-0.5.18) the estimate check_decode_mem itself decided on
+            check, estimate = _find(registry.DECODE_CHECK), _find(registry.DECODE_ESTIMATE)
+            estimated = (check is not None and estimate is not None
+                         and inspect.isfunction(check[1]) and inspect.isfunction(estimate[1])
+                         and _wrap(estimate[0], registry.DECODE_ESTIMATE.attr,
+                                   _decode_estimate)
+                         and _wrap(check[0], registry.DECODE_CHECK.attr, _decode_check))
+        if not estimated:
             missing.append(f"{registry.CAPACITY_CHECK.cls}.{registry.CAPACITY_CHECK.attr} "
-                           "(the decode check's estimate): not in this release")
+                           f"or {registry.DECODE_CHECK.cls}.{registry.DECODE_CHECK.attr} with "
+                           f"{registry.DECODE_ESTIMATE.attr} (the decode check's estimate): "
+                           "not in this release")
         found = _find(registry.DECODE_STEP)
         if found is None or not _wrap(found[0], registry.DECODE_STEP.attr, _decode_step):
             missing.append(f"{registry.DECODE_STEP.cls}.{registry.DECODE_STEP.attr}: not in "
@@ -723,8 +787,7 @@ def install(every: int | None = None) -> list[str]:
         _POOLS_CACHE.clear()
         for step in _all_steps():
             step.allocator = None
-        AUDIT.installed = not any("check_decode_capacity" in m or "prepare_for_decode" in m
-                                  for m in missing)
+        AUDIT.installed = estimated and not any("prepare_for_decode" in m for m in missing)
         AUDIT.missing = missing
     return missing
 

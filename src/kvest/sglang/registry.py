@@ -693,6 +693,12 @@ class Attach(NamedTuple):
 # loop asks again after each request it removes.
 CAPACITY_CHECK = Attach((ALLOCATOR_BASE,), "BaseTokenToKVPoolAllocator",
                         "check_decode_capacity")
+# Before it (0.5.11-0.5.18): check_decode_mem takes the estimate from
+# new_tokens_required_next_decode(selected_indices) and compares it with the
+# allocator's available_size() itself: the estimate it decided on is the one that
+# function returned inside it.
+DECODE_CHECK = Attach((BATCH,), "ScheduleBatch", "check_decode_mem")
+DECODE_ESTIMATE = Attach((BATCH,), "ScheduleBatch", "new_tokens_required_next_decode")
 # The decode step's allocation: alloc_for_decode without speculation, the
 # speculative algorithm's own preparation with it (spec_prepare_for_decode ->
 # eagle_prepare_for_decode, DFlash's and UNO's prepare_for_decode), all inside it.
