@@ -284,3 +284,18 @@ def test_the_registry_holds_what_kvest_knows_of_a_release():
 def test_no_configuration_listed_is_no_all_clear(command, capsys):
     assert command([]) == 2
     assert "no configuration to drive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec, page, version, is_known", [
+    ("DFLASH", 16, "0.5.18", True), ("DSPARK", 7, "0.5.15", True),
+    ("DFLASH", 16, "0.5.19", False),  # fixed there
+    ("EAGLE", 16, "0.5.18", False),  # another algorithm: new
+    ("DFLASH", 1, "0.5.18", False),  # a page of one token has no tail to strand
+])
+def test_a_known_finding_holds_only_in_its_configurations(spec, page, version, is_known):
+    from kvest.sglang import registry
+
+    (dflash,) = [k for k in registry.KNOWN_FINDINGS if k.name == "dflash-reserve-unaligned"]
+    cfg = ar.Config(ar.Pool.PAGED, page, ar.Spec(spec, 1, 1, 4), ar.Order.PLAIN, False, 0)
+    got = ar.known("bookkeeping gap", "PagedTokenToKVPoolAllocator", cfg, version)
+    assert got is (dflash if is_known else None)

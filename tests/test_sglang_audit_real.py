@@ -124,12 +124,16 @@ def test_zero_and_no_false_alarm(case):
         assert counts[what] > 0, (what, counts)
 
 
-def _edited(fn, old: str, new: str):
-    """``fn`` compiled again from a copy of its release's source with one edit."""
+def _edited(fn, old: str, new: str, *more: str):
+    """``fn`` compiled again from a copy of its release's source with one edit
+    (or more: old, new, old, new, ...)."""
     source = textwrap.dedent(inspect.getsource(fn))
-    assert source.count(old) == 1, (old, source)
+    edits = (old, new, *more)
+    for old, new in zip(edits[::2], edits[1::2], strict=True):
+        assert source.count(old) == 1, (old, source)
+        source = source.replace(old, new)
     namespace = dict(fn.__globals__)
-    exec(compile(source.replace(old, new), inspect.getsourcefile(fn), "exec"), namespace)
+    exec(compile(source, inspect.getsourcefile(fn), "exec"), namespace)
     return namespace[fn.__name__]
 
 
@@ -375,10 +379,72 @@ def test_an_error_in_a_step_that_is_not_an_allocation_failure_is_the_drivers(mon
     assert status == 2 and "driver error" in out
 
 
-@pytest.mark.parametrize("missing", ["check_decode_capacity", "allocation"])
-def test_without_its_attach_point_the_command_exits_2(monkeypatch, capsys, missing):
-    """0.5.11-0.5.18: no check_decode_capacity, or no sglang.srt.mem_cache.allocation."""
+# 0.5.23's check_decode_mem with its capacity question edited back to the shape
+# 0.5.11-0.5.18 ship: the estimate compared with available_size() by the check itself
+OLD_CHECK = ("return self.token_to_kv_pool_allocator.check_decode_capacity(",
+             "evict_from_tree_cache(self.tree_cache, num_tokens)\n"
+             "    return self.token_to_kv_pool_allocator.available_size() >= num_tokens\n"
+             "    self.token_to_kv_pool_allocator.check_decode_capacity(")  # (never reached)
+
+
+@pytest.fixture()
+def before_capacity_check(monkeypatch):
+    """A release before check_decode_capacity, made from 0.5.23's own source."""
     from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+
+    cls = sb.ScheduleBatch
+    audit.uninstall()
+    own = cls.__dict__["check_decode_mem"]
+    edited = _edited(own, *OLD_CHECK)
+    edited.__globals__.setdefault("evict_from_tree_cache", ar.sg().common.evict_from_tree_cache)
+    monkeypatch.setattr(cls, "check_decode_mem", edited)
+    monkeypatch.delattr(BaseTokenToKVPoolAllocator, "check_decode_capacity")
+    yield cls, own
+    audit.uninstall()
+    ar.sg.cache_clear()
+    ar.sg()
+
+
+def test_before_the_capacity_check_the_step_pairs_with_check_decode_mem(
+        before_capacity_check, capsys, monkeypatch):
+    assert audit.install(every=1) == []
+    result = ar.run(config("paged", 7, ("EAGLE", 3, 2, 6), "overlap", seed=6), STEPS)
+    assert result.outcome is ar.Outcome.DRIVEN and result.skipped is None, result.ended
+    assert result.steps == STEPS and result.report["unpaired"] == 0
+    assert result.undercounts == result.gaps == 0 and result.retractions > 0
+    # and an undercount in the estimate the edited check decided on is caught
+    cls, _ = before_capacity_check
+    fn = cls.__dict__["new_tokens_required_next_decode"].__kvest_audit__
+    audit.uninstall()
+    monkeypatch.setattr(cls, fn.__name__, _edited(
+        fn, "r.kv.kv_committed_len % page_size == 0", "r.kv.kv_committed_len % page_size == 1"))
+    status, out, _ = _main(capsys, ["--config", "paged p=16 spec=none plain seed=22",
+                                    "--steps", str(STEPS)])
+    assert status == 1 and "PagedTokenToKVPoolAllocator" in out, out
+
+
+def test_a_check_whose_estimate_the_audit_cannot_see_is_unpaired_exit_2(
+        before_capacity_check, capsys, monkeypatch):
+    """The other direction: a check_decode_mem that computes its estimate
+    without new_tokens_required_next_decode pairs no step."""
+    cls, own = before_capacity_check
+    inline = _edited(own, *OLD_CHECK,
+                     "num_tokens = self.new_tokens_required_next_decode(selected_indices)",
+                     "num_tokens = type(self).__dict__["
+                     "'new_tokens_required_next_decode'].__wrapped__(self, selected_indices)")
+    inline.__globals__.setdefault("evict_from_tree_cache", ar.sg().common.evict_from_tree_cache)
+    monkeypatch.setattr(cls, "check_decode_mem", inline)
+    status, out, _ = _main(capsys)
+    assert status == 2 and "No undercount" not in out, out
+
+
+@pytest.mark.parametrize("missing", ["estimate", "allocation"])
+def test_without_its_attach_point_the_command_exits_2(monkeypatch, capsys, missing):
+    """No sglang.srt.mem_cache.allocation, or neither check_decode_capacity nor
+    a check_decode_mem with its estimate function."""
+    from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+
+    from kvest.sglang import registry
 
     audit.uninstall()
     try:
@@ -388,6 +454,8 @@ def test_without_its_attach_point_the_command_exits_2(monkeypatch, capsys, missi
                 ar.sg.cache_clear()
             else:
                 patch.delattr(BaseTokenToKVPoolAllocator, "check_decode_capacity")
+                patch.setattr(registry, "DECODE_ESTIMATE",
+                              registry.DECODE_ESTIMATE._replace(attr="no_such_estimate"))
             status, out, err = _main(capsys)
     finally:
         ar.sg.cache_clear()

@@ -49,22 +49,32 @@ class NewCache(OldCache):
         return ("lock", node)
 
 
+class OldBatch:  # before 0.5.19: the retract loop is given the server args
+    def retract_decode(self, server_args):
+        pass
+
+
+class NewBatch:
+    def retract_decode(self):
+        pass
+
+
 def test_features_each_way():
     old = ar.features(OldReq, SimpleNamespace(release_kv_cache=release_old),
-                      SimpleNamespace(alloc_extend_naive=None), OldCache)
+                      SimpleNamespace(alloc_extend_naive=None), OldCache, OldBatch)
     new = ar.features(NewReq, SimpleNamespace(release_kv_cache=release_new),
                       SimpleNamespace(alloc_extend_naive=None, alloc_decode_naive=None),
-                      NewCache)
+                      NewCache, NewBatch)
     assert old == ar.Features(extend_range=True, release_flag="is_insert", paged_cpu=False,
-                              tree_lock=False)
+                              tree_lock=False, retract_args=True)
     assert new == ar.Features(extend_range=False, release_flag="checkpoint", paged_cpu=True,
-                              tree_lock=True)
+                              tree_lock=True, retract_args=False)
 
 
 def test_a_release_kv_cache_with_neither_keyword_is_not_guessed():
     with pytest.raises(StopIteration):
         ar.features(NewReq, SimpleNamespace(release_kv_cache=lambda req, cache: None),
-                    SimpleNamespace(), NewCache)
+                    SimpleNamespace(), NewCache, NewBatch)
 
 
 def _req(cls, fill, prefix):
@@ -77,7 +87,7 @@ def _req(cls, fill, prefix):
 
 @pytest.mark.parametrize("has", [True, False])
 def test_the_extend_is_set_the_way_the_release_has_it(monkeypatch, has):
-    s = SimpleNamespace(has=ar.Features(has, "checkpoint", True, True))
+    s = SimpleNamespace(has=ar.Features(has, "checkpoint", True, True, False))
     monkeypatch.setattr(ar, "sg", lambda: s)
     req = _req(OldReq if has else NewReq, 40, 13)
     assert ar._extend_all(req) == (13, 40)
@@ -88,7 +98,7 @@ def test_the_extend_is_set_the_way_the_release_has_it(monkeypatch, has):
 
 
 def test_admission_takes_the_tree_lock_where_the_release_has_one(monkeypatch):
-    s = SimpleNamespace(has=ar.Features(False, "checkpoint", True, True))
+    s = SimpleNamespace(has=ar.Features(False, "checkpoint", True, True, False))
     monkeypatch.setattr(ar, "sg", lambda: s)
     world = object.__new__(ar.World)
     world.cache = NewCache()
@@ -129,6 +139,8 @@ def test_the_installed_release_is_read_as_its_source_says():
     assert has.paged_cpu == ("def alloc_decode_naive" in inspect.getsource(paged))
     assert has.tree_lock == any("def lock(" in inspect.getsource(c)
                                 for c in RadixCache.__mro__ if c is not object)
+    retract = inspect.getsource(sb.ScheduleBatch.retract_decode)
+    assert has.retract_args == ("server_args" in retract.split(")", 1)[0])
 
 
 @real
@@ -136,10 +148,10 @@ def test_the_installed_release_without_set_extend_range_reads_as_newer(monkeypat
     if not hasattr(sb.Req, "set_extend_range"):
         monkeypatch.setattr(sb.Req, "set_extend_range", lambda self, a, b: None,
                             raising=False)
-        assert ar.features(sb.Req, common, paged, RadixCache).extend_range
+        assert ar.features(sb.Req, common, paged, RadixCache, sb.ScheduleBatch).extend_range
     else:
         monkeypatch.delattr(sb.Req, "set_extend_range")
-        assert not ar.features(sb.Req, common, paged, RadixCache).extend_range
+        assert not ar.features(sb.Req, common, paged, RadixCache, sb.ScheduleBatch).extend_range
 
 
 def _cases(seed, n=200, sizes=(1, 7, 16)):

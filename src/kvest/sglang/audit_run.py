@@ -44,7 +44,7 @@ from types import MappingProxyType, SimpleNamespace
 from typing import Any, NamedTuple
 
 from kvest.sglang import audit, registry
-from kvest.sglang.registry import ALLOC_SIZING, KnownFinding
+from kvest.sglang.registry import ALLOC_SIZING, ALLOCATED, COMMITTED, KV_INFO, KnownFinding
 from kvest.sglang.standins import assign_torch
 
 __all__ = ["Config", "KnownPolicy", "Outcome", "Result", "Spec", "found", "known", "main",
@@ -201,7 +201,8 @@ def sg() -> SimpleNamespace:
         paged=paged, Paged=PagedTokenToKVPoolAllocator, Token=TokenToKVPoolAllocator,
         CacheInitParams=CacheInitParams, ReqToTokenPool=ReqToTokenPool, RadixCache=RadixCache,
         get_context=get_context, SamplingParams=SamplingParams,
-        SpeculativeAlgorithm=SpeculativeAlgorithm, has=features(sb.Req, common, paged, RadixCache))
+        SpeculativeAlgorithm=SpeculativeAlgorithm, has=features(sb.Req, common, paged, RadixCache,
+                                                       sb.ScheduleBatch))
 
 
 class Features(NamedTuple):
@@ -212,14 +213,17 @@ class Features(NamedTuple):
     release_flag: str  # release_kv_cache's keep-in-tree keyword: checkpoint (0.5.22+), is_insert
     paged_cpu: bool  # the paged allocator's own CPU path (alloc_decode_naive: 0.5.22+)
     tree_lock: bool  # the tree cache's lock()/unlock() (0.5.22+; before, inc_lock_ref/unpin)
+    retract_args: bool  # retract_decode(server_args) (before 0.5.19; since, it takes none)
 
 
-def features(req: type, common: Any, paged: Any, cache: type) -> Features:
+def features(req: type, common: Any, paged: Any, cache: type, batch: type) -> Features:
     params = inspect.signature(common.release_kv_cache).parameters
     flag = next(name for name in ("checkpoint", "is_insert") if name in params)
     return Features(extend_range=hasattr(req, "set_extend_range"), release_flag=flag,
                     paged_cpu=hasattr(paged, "alloc_decode_naive"),
-                    tree_lock=hasattr(cache, "lock"))
+                    tree_lock=hasattr(cache, "lock"),
+                    retract_args="server_args" in inspect.signature(
+                        batch.retract_decode).parameters)
 
 
 class _Launch:
@@ -542,13 +546,16 @@ class World:
     # -------------------------------------------------------------- decode
 
     def decode(self) -> None:
+        s = sg()
         batch = self.running
         if batch is None or batch.is_empty():
             return
         with self._draft_detached(batch):
             pass  # the draft state for this batch (DFlash, UNO)
         if not batch.check_decode_mem():
-            retracted, _, _aborted = batch.retract_decode()
+            retracted, _, _aborted = (
+                batch.retract_decode(s.get_context().server_args) if s.has.retract_args
+                else batch.retract_decode())
             self.retractions += len(retracted)
             for req in retracted:
                 self.waiting.appendleft(req)
@@ -582,12 +589,12 @@ class World:
             if self.algorithm.is_none():
                 req.output_ids.append(self.rng.randrange(1, 30000))
                 continue
-            kv = req.kv
-            k = max(0, min(k, kv.kv_allocated_len - kv.kv_committed_len))
-            kv.kv_committed_len += k
+            held = _holder(req, COMMITTED)
+            k = max(0, min(k, _holder(req, ALLOCATED).kv_allocated_len - held.kv_committed_len))
+            held.kv_committed_len += k
             req.output_ids.extend(self.rng.randrange(1, 30000) for _ in range(k))
         if not self.algorithm.is_none():
-            lens = [r.kv.kv_committed_len for r in batch.reqs]
+            lens = [_holder(r, COMMITTED).kv_committed_len for r in batch.reqs]
             batch.seq_lens_cpu = torch.tensor(lens, dtype=torch.int64)
             batch.seq_lens = batch.seq_lens_cpu.clone()
             batch.orig_seq_lens = batch.seq_lens_cpu.to(torch.int32)
@@ -611,6 +618,13 @@ class World:
     def tick(self) -> None:
         self.admit()
         self.decode()
+
+
+def _holder(req: Any, length: str) -> Any:
+    """What holds the request's ``length`` (registry.COMMITTED or ALLOCATED):
+    ``req.kv`` or the request itself (flat, mixed or nested, by release)."""
+    kv = getattr(req, KV_INFO, None)
+    return kv if hasattr(kv, length) else req
 
 
 def _extend_all(req: Any) -> tuple[int, int]:
@@ -733,7 +747,8 @@ def _spec_info(algorithm: str | None, reqs: list[Any] | None = None) -> Any:
     torch = sg().torch
     cpu = torch.device("cpu")
     n = len(reqs or ())
-    lens = torch.tensor([r.kv.kv_committed_len for r in reqs or ()], dtype=torch.int64)
+    lens = torch.tensor([_holder(r, COMMITTED).kv_committed_len for r in reqs or ()],
+                        dtype=torch.int64)
     if _is(alg, "is_dflash_family"):
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
@@ -904,6 +919,8 @@ def known(kind: str, pool: str, config: Config, version: str) -> KnownFinding | 
     for k in registry.KNOWN_FINDINGS:
         first, last = k.releases
         if ((kind, pool) in k.shows_as and str(config.pool) in k.allocators
+                and (not k.speculation or config.spec.algorithm in k.speculation)
+                and config.page >= k.min_page
                 and _release(first) <= release
                 and (last is None or release <= _release(last))):
             return k

@@ -737,7 +737,9 @@ ALLOCATED, COMMITTED = "kv_allocated_len", "kv_committed_len"
 class KnownFinding(NamedTuple):
     """A finding of the audit that kvest knows in SGLang: what it is, the
     findings (audit kind, pool) and allocator families it shows as, the
-    releases it appears in, and upstream's reference."""
+    releases it appears in, upstream's reference, and the configurations:
+    the speculative algorithms (none named: any, or none) and the smallest
+    page size it shows at."""
 
     name: str
     text: str
@@ -746,6 +748,8 @@ class KnownFinding(NamedTuple):
     releases: tuple[str, str | None]  # first and last release it appears in (None: any since)
     fixed_in: str | None
     reference: str
+    speculation: tuple[str, ...] = ()
+    min_page: int = 1
 
 
 # Read from each release's own classes (the audit command on 0.5.13-0.5.23).
@@ -760,4 +764,13 @@ KNOWN_FINDINGS = (
         "not fixed in a release (0.5.23): HiSparseCoordinator._grow_device_buffers pads to "
         "device_buffer_size + page_size, and check_decode_mem does not ask "
         "can_grow_device_buffers (upstream's main after 0.5.23 does)"),
+    KnownFinding(
+        "dflash-reserve-unaligned",
+        "DFLASH's decode reserve not rounded up to a page: kv_allocated_len records less than "
+        "the pages handed out",
+        (("bookkeeping gap", "PagedTokenToKVPoolAllocator"),
+         ("bookkeeping gap", "SWATokenToKVPoolAllocator.full_attn_allocator")),
+        ("paged", "swa"), ("0.5.15", "0.5.18"), "0.5.19",
+        "SGLang #35265 (0.5.19 page-aligns the DFLASH family's reserve as EAGLE's since 0.5.16)",
+        ("DFLASH", "DSPARK"), 2),
 )
