@@ -40,7 +40,7 @@ class Behaviour:
 
 
 class StandInWorld:
-    def __init__(self, config, max_running=10):
+    def __init__(self, config, max_running=10, server_args=None):
         self.behaviour = config.seed
         self.pool = POOL.get(config.pool, "PagedTokenToKVPoolAllocator")
         self.steps = self.retractions = self.evictions = self.window_frees = 0
@@ -91,9 +91,10 @@ def command(monkeypatch):
     monkeypatch.setattr(audit, "install", lambda every=None: [])
     monkeypatch.setattr(audit, "installed", lambda: True)
 
-    def run(configs, *argv, version="0.5.20"):
+    def run(configs, *argv, version="0.5.20", notes=()):
         monkeypatch.setattr(ar, "sg", lambda: SimpleNamespace(version=version))
         monkeypatch.setattr(ar, "matrix", lambda quick, pools, seed: list(configs))
+        monkeypatch.setattr(ar, "not_listed", lambda quick, pools: list(notes))
         audit.reset()
         return ar.main(["--steps", "20", *argv])
 
@@ -299,3 +300,8 @@ def test_a_known_finding_holds_only_in_its_configurations(spec, page, version, i
     cfg = ar.Config(ar.Pool.PAGED, page, ar.Spec(spec, 1, 1, 4), ar.Order.PLAIN, False, 0)
     got = ar.known("bookkeeping gap", "PagedTokenToKVPoolAllocator", cfg, version)
     assert got is (dflash if is_known else None)
+
+
+def test_what_the_release_cannot_drive_is_named_not_dropped(command, capsys):
+    assert command([config(Behaviour.COMPARED)], notes=["pure-swa: no such allocator"]) == 0
+    assert "  not listed: pure-swa: no such allocator" in capsys.readouterr().err

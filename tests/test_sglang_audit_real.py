@@ -438,10 +438,11 @@ def test_a_check_whose_estimate_the_audit_cannot_see_is_unpaired_exit_2(
     assert status == 2 and "No undercount" not in out, out
 
 
-@pytest.mark.parametrize("missing", ["estimate", "allocation"])
+@pytest.mark.parametrize("missing", ["estimate", "common"])
 def test_without_its_attach_point_the_command_exits_2(monkeypatch, capsys, missing):
-    """No sglang.srt.mem_cache.allocation, or neither check_decode_capacity nor
-    a check_decode_mem with its estimate function."""
+    """A scheduler module that does not import (sglang.srt.mem_cache.common), or
+    neither check_decode_capacity nor a check_decode_mem with its estimate
+    function."""
     from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
 
     from kvest.sglang import registry
@@ -449,8 +450,8 @@ def test_without_its_attach_point_the_command_exits_2(monkeypatch, capsys, missi
     audit.uninstall()
     try:
         with monkeypatch.context() as patch:
-            if missing == "allocation":
-                patch.setitem(sys.modules, "sglang.srt.mem_cache.allocation", None)
+            if missing == "common":
+                patch.setitem(sys.modules, "sglang.srt.mem_cache.common", None)
                 ar.sg.cache_clear()
             else:
                 patch.delattr(BaseTokenToKVPoolAllocator, "check_decode_capacity")
@@ -462,7 +463,7 @@ def test_without_its_attach_point_the_command_exits_2(monkeypatch, capsys, missi
         ar.sg()
         audit.install(every=1)
     assert status == 2 and out == ""
-    if missing == "allocation":
-        assert "does not import here" in err and "allocation" in err
+    if missing == "common":
+        assert "does not import here" in err and "common" in err
     else:
         assert "cannot attach" in err and "check_decode_capacity" in err

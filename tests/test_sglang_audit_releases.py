@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from array import array
 from types import SimpleNamespace
 
 import pytest
@@ -22,12 +23,36 @@ import pytest
 from kvest.sglang import audit_run as ar
 
 
-class OldReq:  # 0.5.15-0.5.21: the extend is a Range
+class Params:
+    def __init__(self, max_new_tokens):
+        self.max_new_tokens = max_new_tokens
+
+
+class ReqBase:
+    def __init__(self, rid=None, text=None, ids=None, params=None):
+        self.output_ids = array("q")
+
+
+class ListReq(ReqBase):  # before 0.5.13: token ids in lists
+    def __init__(self, *args):
+        self.output_ids = []
+
+
+OLD_SPEC = SimpleNamespace()  # before 0.5.15: no spec_prepare_for_decode
+NEW_SPEC = SimpleNamespace(spec_prepare_for_decode=print)
+
+
+class OldReq(ReqBase):  # 0.5.15-0.5.21: the extend is a Range
     def set_extend_range(self, start, end):
         self.extend_range = (start, end)
 
 
-class NewReq:  # 0.5.22+: prefix_len and extend_end attributes
+class OldestReq(ListReq):  # 0.5.11-0.5.14: init_next_round_input sets the whole extend
+    def set_extend_input_len(self, n):
+        self.extend_input_len = n
+
+
+class NewReq(ReqBase):  # 0.5.22+: prefix_len and extend_end attributes
     pass
 
 
@@ -61,20 +86,29 @@ class NewBatch:
 
 def test_features_each_way():
     old = ar.features(OldReq, SimpleNamespace(release_kv_cache=release_old),
-                      SimpleNamespace(alloc_extend_naive=None), OldCache, OldBatch)
+                      SimpleNamespace(alloc_extend_naive=None), OldCache, OldBatch, OLD_SPEC,
+                      Params)
     new = ar.features(NewReq, SimpleNamespace(release_kv_cache=release_new),
                       SimpleNamespace(alloc_extend_naive=None, alloc_decode_naive=None),
-                      NewCache, NewBatch)
-    assert old == ar.Features(extend_range=True, release_flag="is_insert", paged_cpu=False,
-                              tree_lock=False, retract_args=True)
-    assert new == ar.Features(extend_range=False, release_flag="checkpoint", paged_cpu=True,
-                              tree_lock=True, retract_args=False)
+                      NewCache, NewBatch, NEW_SPEC, Params)
+    assert old._replace(token_ids=None) == ar.Features(
+        extend=ar.Extend.RANGE, release_flag="is_insert", paged_cpu=False, tree_lock=False,
+        retract_args=True, draft_prepares=True, token_ids=None)
+    assert new._replace(token_ids=None) == ar.Features(
+        extend=ar.Extend.END, release_flag="checkpoint", paged_cpu=True, tree_lock=True,
+        retract_args=False, draft_prepares=False, token_ids=None)
+    assert old.token_ids([1, 2]) == array("q", [1, 2])
+    oldest = ar.features(OldestReq, SimpleNamespace(release_kv_cache=release_old),
+                         SimpleNamespace(alloc_extend_naive=None), OldCache, OldBatch, None,
+                         Params)
+    assert oldest.extend is ar.Extend.INPUT_LEN and oldest.draft_prepares
+    assert oldest.token_ids is list
 
 
 def test_a_release_kv_cache_with_neither_keyword_is_not_guessed():
     with pytest.raises(StopIteration):
         ar.features(NewReq, SimpleNamespace(release_kv_cache=lambda req, cache: None),
-                    SimpleNamespace(), NewCache, NewBatch)
+                    SimpleNamespace(), NewCache, NewBatch, NEW_SPEC, Params)
 
 
 def _req(cls, fill, prefix):
@@ -85,20 +119,26 @@ def _req(cls, fill, prefix):
     return req
 
 
-@pytest.mark.parametrize("has", [True, False])
-def test_the_extend_is_set_the_way_the_release_has_it(monkeypatch, has):
-    s = SimpleNamespace(has=ar.Features(has, "checkpoint", True, True, False))
+@pytest.mark.parametrize("extend", list(ar.Extend))
+def test_the_extend_is_set_the_way_the_release_has_it(monkeypatch, extend):
+    s = SimpleNamespace(has=ar.Features(extend, "checkpoint", True, True, False, False, list))
     monkeypatch.setattr(ar, "sg", lambda: s)
-    req = _req(OldReq if has else NewReq, 40, 13)
+    req = _req({ar.Extend.RANGE: OldReq, ar.Extend.INPUT_LEN: OldestReq,
+                ar.Extend.END: NewReq}[extend], 40, 13)
     assert ar._extend_all(req) == (13, 40)
-    if has:
-        assert req.extend_range == (13, 40) and not hasattr(req, "extend_end")
-    else:
-        assert req.extend_end == 40 and not hasattr(req, "extend_range")
+    assert hasattr(req, "extend_range") == (extend is ar.Extend.RANGE)
+    assert hasattr(req, "extend_end") == (extend is ar.Extend.END)
+    if extend is ar.Extend.RANGE:
+        assert req.extend_range == (13, 40)
+    elif extend is ar.Extend.END:
+        assert req.extend_end == 40
+    else:  # left as init_next_round_input set it
+        assert not hasattr(req, "extend_input_len")
 
 
 def test_admission_takes_the_tree_lock_where_the_release_has_one(monkeypatch):
-    s = SimpleNamespace(has=ar.Features(False, "checkpoint", True, True, False))
+    s = SimpleNamespace(has=ar.Features(ar.Extend.END, "checkpoint", True, True, False, False,
+                                        list))
     monkeypatch.setattr(ar, "sg", lambda: s)
     world = object.__new__(ar.World)
     world.cache = NewCache()
@@ -132,8 +172,9 @@ real = pytest.mark.skipif(sb is None, reason="no SGLang scheduler here")
 def test_the_installed_release_is_read_as_its_source_says():
     has = ar.sg().has
     req_source = inspect.getsource(sb.Req)
-    assert has.extend_range == ("def set_extend_range" in req_source)
-    assert has.extend_range == ("self.extend_end" not in req_source)
+    assert (has.extend is ar.Extend.RANGE) == ("def set_extend_range" in req_source)
+    assert (has.extend is ar.Extend.INPUT_LEN) == ("def set_extend_input_len" in req_source)
+    assert (has.extend is ar.Extend.END) == ("self.extend_end" in req_source)
     release = inspect.getsource(common.release_kv_cache)
     assert f"{has.release_flag}: bool" in release.splitlines()[0]
     assert has.paged_cpu == ("def alloc_decode_naive" in inspect.getsource(paged))
@@ -148,10 +189,12 @@ def test_the_installed_release_without_set_extend_range_reads_as_newer(monkeypat
     if not hasattr(sb.Req, "set_extend_range"):
         monkeypatch.setattr(sb.Req, "set_extend_range", lambda self, a, b: None,
                             raising=False)
-        assert ar.features(sb.Req, common, paged, RadixCache, sb.ScheduleBatch).extend_range
+        assert ar.features(sb.Req, common, paged, RadixCache, sb.ScheduleBatch, None,
+                           ar.sg().SamplingParams).extend is ar.Extend.RANGE
     else:
         monkeypatch.delattr(sb.Req, "set_extend_range")
-        assert not ar.features(sb.Req, common, paged, RadixCache, sb.ScheduleBatch).extend_range
+        assert ar.features(sb.Req, common, paged, RadixCache, sb.ScheduleBatch, None,
+                           ar.sg().SamplingParams).extend is not ar.Extend.RANGE
 
 
 def _cases(seed, n=200, sizes=(1, 7, 16)):

@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import enum
 import functools
+import importlib
 import inspect
 import logging
 import os
@@ -44,7 +45,7 @@ from types import MappingProxyType, SimpleNamespace
 from typing import Any, NamedTuple
 
 from kvest.sglang import audit, registry
-from kvest.sglang.registry import ALLOC_SIZING, ALLOCATED, COMMITTED, KV_INFO, KnownFinding
+from kvest.sglang.registry import ALLOCATED, COMMITTED, KV_INFO, KnownFinding
 from kvest.sglang.standins import assign_torch
 
 __all__ = ["Config", "KnownPolicy", "Outcome", "Result", "Spec", "found", "known", "main",
@@ -183,47 +184,120 @@ def sg() -> SimpleNamespace:
     """SGLang's modules and classes (ImportError where the scheduler does not import)."""
     import sglang
     import sglang.srt.managers.schedule_batch as sb
-    import sglang.srt.mem_cache.allocation as allocation
     import sglang.srt.mem_cache.common as common
+    import sglang.srt.server_args as server_args
     import torch
-    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.mem_cache.radix_cache import RadixCache
-    from sglang.srt.runtime_context import get_context
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    PagedTokenToKVPoolAllocator = allocator_class(Pool.PAGED)
+    TokenToKVPoolAllocator = allocator_class(Pool.TOKEN)
     paged = sys.modules[PagedTokenToKVPoolAllocator.__module__]
     return SimpleNamespace(
-        version=sglang.__version__, torch=torch, sb=sb, allocation=allocation, common=common,
+        version=sglang.__version__, torch=torch, sb=sb, common=common, server_args=server_args,
         paged=paged, Paged=PagedTokenToKVPoolAllocator, Token=TokenToKVPoolAllocator,
         CacheInitParams=CacheInitParams, ReqToTokenPool=ReqToTokenPool, RadixCache=RadixCache,
-        get_context=get_context, SamplingParams=SamplingParams,
-        SpeculativeAlgorithm=SpeculativeAlgorithm, has=features(sb.Req, common, paged, RadixCache,
-                                                       sb.ScheduleBatch))
+        runtime=_optional(registry.RUNTIME_CONTEXT), SamplingParams=SamplingParams,
+        SpeculativeAlgorithm=SpeculativeAlgorithm, has=features(
+            sb.Req, common, paged, RadixCache, sb.ScheduleBatch,
+            _optional(registry.SPEC_PREPARE[0]), SamplingParams))
+
+
+def _optional(module: str) -> Any:
+    """A module of the release, or None where this release has none."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module.startswith(exc.name):
+            raise  # the module is there, and something it imports is not
+        return None
+
+
+HISPARSE_COORDINATOR = "sglang.srt.managers.hisparse_coordinator"
+ALLOCATOR_CLASSES = {Pool.TOKEN: "TokenToKVPoolAllocator",
+                     Pool.PAGED: "PagedTokenToKVPoolAllocator",
+                     Pool.SWA: "SWATokenToKVPoolAllocator",
+                     Pool.PURE_SWA: "PureSWATokenToKVPoolAllocator",
+                     Pool.HISPARSE: "HiSparseTokenToKVPoolAllocator"}
+
+
+def not_here(pool: Pool) -> str | None:
+    """Why this release's ``pool`` cannot be driven here, or None."""
+    if allocator_class(pool) is None:
+        return f"no {ALLOCATOR_CLASSES[pool]} in this release"
+    if pool is Pool.HISPARSE:
+        try:  # (0.5.11-0.5.12: its host pool imports sgl_kernel, a GPU build)
+            importlib.import_module(HISPARSE_COORDINATOR)
+        except ImportError as exc:
+            return f"its coordinator does not import on this machine: {exc}"
+    return None
+
+
+def allocator_class(pool: Pool) -> Any:
+    """The release's allocator class of ``pool``, None where it has none."""
+    name = ALLOCATOR_CLASSES[pool]
+    for home in registry.DRIVEN_ALLOCATORS[name]:
+        cls = getattr(_optional(home), name, None)
+        if isinstance(cls, type):
+            return cls
+    return None
+
+
+def _setting(name: str) -> Any:
+    """A settings reader (registry.ALLOC_SETTINGS) from its home in this release."""
+    for module in registry.ALLOC_SETTINGS_MODULES:
+        fn = getattr(_optional(module), name, None)
+        if fn is not None:
+            return fn
+    raise AttributeError(f"no {name} in this release")
+
+
+class Extend(enum.Enum):
+    """How a release sets a matched request's extend."""
+
+    INPUT_LEN = "set_extend_input_len"  # init_next_round_input sets it whole (before 0.5.15)
+    RANGE = "set_extend_range"  # 0.5.15-0.5.21
+    END = "extend_end"  # an attribute, and prefix_len (0.5.22+)
 
 
 class Features(NamedTuple):
     """What the driver meets that differs by release, each read once from the
     release's own classes and modules (a feature test, not a version)."""
 
-    extend_range: bool  # Req.set_extend_range (before 0.5.22; since: prefix_len, extend_end)
+    extend: Extend
     release_flag: str  # release_kv_cache's keep-in-tree keyword: checkpoint (0.5.22+), is_insert
     paged_cpu: bool  # the paged allocator's own CPU path (alloc_decode_naive: 0.5.22+)
     tree_lock: bool  # the tree cache's lock()/unlock() (0.5.22+; before, inc_lock_ref/unpin)
     retract_args: bool  # retract_decode(server_args) (before 0.5.19; since, it takes none)
+    draft_prepares: bool  # the draft input prepares the speculative decode (before 0.5.15)
+    token_ids: Any  # what a request keeps token ids in: array("q") (0.5.13+), or a list
 
 
-def features(req: type, common: Any, paged: Any, cache: type, batch: type) -> Features:
+def _token_ids(req: type, sampling_params: type) -> Any:
+    """The type a fresh request of the release keeps its output ids in, as a
+    constructor of the prompt (array("q", ...) or list)."""
+    probe = req("probe", "", [1], sampling_params(max_new_tokens=1))
+    return list if isinstance(probe.output_ids, list) else functools.partial(array, "q")
+
+
+def features(req: type, common: Any, paged: Any, cache: type, batch: type, spec_utils: Any,
+             sampling_params: type) -> Features:
+    """Read from the release's classes and modules (``spec_utils``: None where
+    the release has none)."""
     params = inspect.signature(common.release_kv_cache).parameters
     flag = next(name for name in ("checkpoint", "is_insert") if name in params)
-    return Features(extend_range=hasattr(req, "set_extend_range"), release_flag=flag,
+    extend = next((e for e in (Extend.RANGE, Extend.INPUT_LEN) if hasattr(req, e.value)),
+                  Extend.END)
+    return Features(extend=extend, release_flag=flag,
                     paged_cpu=hasattr(paged, "alloc_decode_naive"),
                     tree_lock=hasattr(cache, "lock"),
                     retract_args="server_args" in inspect.signature(
-                        batch.retract_decode).parameters)
+                        batch.retract_decode).parameters,
+                    draft_prepares=getattr(spec_utils, registry.SPEC_PREPARE[1], None) is None,
+                    token_ids=_token_ids(req, sampling_params))
 
 
 class _Launch:
@@ -261,7 +335,16 @@ def alloc_decode_cpu(seq_lens: Any, last_loc: Any, free_pages: Any, out_indices:
 
 def _standins() -> None:
     s = sg()
-    s.allocation.assign_req_to_token_pool_func = assign_torch
+    # assign_req_to_token_pool_func (a Triton kernel's launch): from its home in
+    # this release, and wherever a loaded module bound it by name
+    for home in registry.ASSIGN_HOMES:
+        module = _optional(home)
+        own = getattr(module, registry.ASSIGN, None)
+        if own is None or own is assign_torch:
+            continue
+        for loaded in list(sys.modules.values()):
+            if getattr(loaded, registry.ASSIGN, None) is own:
+                setattr(loaded, registry.ASSIGN, assign_torch)
     if not s.has.paged_cpu:  # the paged allocator's Triton kernels (no CPU driver)
         s.paged.alloc_extend_kernel = _Launch(alloc_extend_cpu)
         s.paged.alloc_decode_kernel = _Launch(alloc_decode_cpu)
@@ -339,7 +422,7 @@ def _hisparse(pool: Any, allocator: Any, kv: _HiSparseKV, buffer: int) -> Any:
     """SGLang's own ``HiSparseCoordinator`` class, its state made as its
     ``__init__`` makes it for one layer, without the streams and the host pool
     (CUDA upstream); the previous token's host backup is a no-op."""
-    from sglang.srt.managers.hisparse_coordinator import HiSparseCoordinator
+    HiSparseCoordinator = importlib.import_module(HISPARSE_COORDINATOR).HiSparseCoordinator
 
     torch = sg().torch
     c = object.__new__(HiSparseCoordinator)
@@ -376,8 +459,10 @@ def _hisparse(pool: Any, allocator: Any, kv: _HiSparseKV, buffer: int) -> Any:
 class World:
     """A scheduler loop over SGLang's own classes."""
 
-    def __init__(self, config: Config, *, max_running: int = 10) -> None:
+    def __init__(self, config: Config, *, max_running: int = 10,
+                 server_args: Any = None) -> None:
         s = sg()
+        self.server_args = server_args  # what retract_decode(server_args) is given
         torch = s.torch
         self.config = config
         self.rng = random.Random(config.seed)
@@ -388,7 +473,10 @@ class World:
         spec = config.spec
         reserve = 0
         if spec.algorithm:
-            reserve = sys.modules[ALLOC_SIZING].get_alloc_reserve_per_decode()
+            try:
+                reserve = _setting("get_alloc_reserve_per_decode")()
+            except AttributeError:  # (before 0.5.13: sized from the decode length, twice)
+                reserve = 2 * _setting("get_alloc_len_per_decode")()
         self.reserve = reserve
         # lengths at page multiples +-1
         self.max_prompt = 6 * p + 1 + 40
@@ -406,10 +494,8 @@ class World:
         elif config.pool is Pool.PAGED:
             self.allocator = s.Paged(tokens, p, dtype, "cpu", None, False)
         elif config.pool is Pool.HISPARSE:
-            from sglang.srt.mem_cache.allocator.hisparse import HiSparseTokenToKVPoolAllocator
-
             kv = _HiSparseKV(p)
-            self.allocator = HiSparseTokenToKVPoolAllocator(tokens, p, dtype, "cpu", kv, False)
+            self.allocator = allocator_class(Pool.HISPARSE)(tokens, p, dtype, "cpu", kv, False)
             # the device buffer cap: a request reaches it within its lifetime
             buffer = max(p, ((self.max_prompt + self.max_new // 2) // p) * p)
             self.coordinator = _hisparse(self.pool, self.allocator, kv, buffer)
@@ -466,7 +552,7 @@ class World:
         prompt = shared + [self.rng.randrange(1, 30000)
                            for _ in range(max(1, self._len(self.max_prompt - len(shared))))]
         new = self._len(self.max_new)
-        return s.sb.Req(f"q{self.made}", "", array("q", prompt),
+        return s.sb.Req(f"q{self.made}", "", s.has.token_ids(prompt),
                         s.SamplingParams(max_new_tokens=max(1, new)))
 
     # -------------------------------------------------------------- admission
@@ -495,6 +581,7 @@ class World:
         batch = s.sb.ScheduleBatch.init_new(
             picked, self.pool, self.allocator, self.cache,
             SimpleNamespace(is_encoder_decoder=False, vocab_size=32000, is_multimodal=False,
+                            is_matryoshka=False,
                             attention_arch=None, hf_config=SimpleNamespace()),
             self.config.order is Order.OVERLAP, self.algorithm)
         batch.hisparse_coordinator = self.coordinator
@@ -530,10 +617,11 @@ class World:
     def _draft_detached(self, *batches: Any) -> Any:
         """DFlash's and UNO's draft state (made by the draft model's forward pass
         upstream) is not carried through merges and filters here: each batch
-        gets a fresh idle one after, which is all their decode preparation reads."""
+        gets a fresh idle one after, which is all their decode preparation reads
+        (before 0.5.15 the one they hold stays, inert, for the batch's own reads)."""
         fresh = self.config.spec.algorithm is not None and _spec_info(
             self.config.spec.algorithm) is not None
-        if fresh:
+        if fresh and not sg().has.draft_prepares:
             for b in batches:
                 b.spec_info = None
         try:
@@ -554,7 +642,7 @@ class World:
             pass  # the draft state for this batch (DFlash, UNO)
         if not batch.check_decode_mem():
             retracted, _, _aborted = (
-                batch.retract_decode(s.get_context().server_args) if s.has.retract_args
+                batch.retract_decode(self.server_args) if s.has.retract_args
                 else batch.retract_decode())
             self.retractions += len(retracted)
             for req in retracted:
@@ -564,6 +652,9 @@ class World:
         pending = self.pending
         self.pending = None
         self.steps += 1  # driven: a step that raises was driven too (and compared)
+        # the forward pass's sampled tokens, which the step reads before 0.5.13
+        batch.output_ids = s.torch.tensor([r.output_ids[-1] for r in batch.reqs],
+                                          dtype=s.torch.int64)
         batch.prepare_for_decode()
         if self.config.order is Order.OVERLAP:
             if pending is not None:
@@ -629,13 +720,22 @@ def _holder(req: Any, length: str) -> Any:
 
 def _extend_all(req: Any) -> tuple[int, int]:
     """Give a matched request its whole fill as the extend: (prefix reused, end)."""
+    extend = sg().has.extend
+    if extend is Extend.INPUT_LEN:
+        # init_next_round_input set the whole fill as the extend: before 0.5.13 in
+        # fill_ids; since, full_untruncated_fill_ids, and admission sets fill_len
+        fill = getattr(req, "full_untruncated_fill_ids", None)
+        end = len(req.fill_ids if fill is None else fill)
+        if fill is not None:
+            req.fill_len = end
+        return len(req.prefix_indices), end
     end = len(req.full_untruncated_fill_ids)
-    if sg().has.extend_range:
-        prefix = len(req.prefix_indices)
-        req.set_extend_range(prefix, end)
-        return prefix, end
-    req.extend_end = end
-    return req.prefix_len, end
+    if extend is Extend.END:
+        req.extend_end = end
+        return req.prefix_len, end
+    prefix = len(req.prefix_indices)
+    req.set_extend_range(prefix, end)
+    return prefix, end
 
 
 def _swa_kv() -> Any:
@@ -651,14 +751,10 @@ def _swa_kv() -> Any:
 
 
 def _swa_allocator(pool: Pool, tokens: int, page: int) -> Any:
-    from sglang.srt.mem_cache.allocator import swa
-
     torch = sg().torch
     if pool is Pool.PURE_SWA:
-        return swa.PureSWATokenToKVPoolAllocator(tokens, page, torch.bfloat16, "cpu", _swa_kv(),
-                                                 False)
-    return swa.SWATokenToKVPoolAllocator(tokens, tokens, page, torch.bfloat16, "cpu", _swa_kv(),
-                                         False)
+        return allocator_class(pool)(tokens, page, torch.bfloat16, "cpu", _swa_kv(), False)
+    return allocator_class(pool)(tokens, tokens, page, torch.bfloat16, "cpu", _swa_kv(), False)
 
 
 def context(config: Config) -> Any:
@@ -667,8 +763,28 @@ def context(config: Config) -> Any:
     if spec.algorithm is not None:
         extra = dict(speculative_algorithm=spec.algorithm, speculative_num_steps=spec.steps,
                      speculative_eagle_topk=spec.topk, speculative_num_draft_tokens=spec.draft)
-    return sg().get_context().override_server_args(
-        page_size=config.page, attention_backend="torch_native", **extra)
+    fields = dict(page_size=config.page, attention_backend="torch_native", **extra)
+    s = sg()
+    runtime = s.runtime.get_context() if s.runtime is not None else None
+    if hasattr(runtime, "override_server_args"):  # 0.5.16+
+        return runtime.override_server_args(**fields)
+    return _published(s.server_args, s.server_args.ServerArgs(model_path="dummy", **fields))
+
+
+@contextlib.contextmanager
+def _published(module: Any, args: Any) -> Any:
+    """``args`` as the process's server args (before 0.5.16: set globally), and
+    what was set before it after."""
+    try:
+        previous = module.get_global_server_args()
+    except ValueError:  # none set yet
+        previous = None
+    module.set_global_server_args_for_scheduler(args)
+    try:
+        yield args
+    finally:
+        if previous is not None:
+            module.set_global_server_args_for_scheduler(previous)
 
 
 def _where(exc: BaseException) -> str:
@@ -692,8 +808,8 @@ def run(config: Config, steps: int, max_running: int = 10) -> Result:
     os.environ[SWA_INTERVAL] = "4"
     try:
         _standins()
-        with context(config):
-            world = World(config, max_running=max_running)
+        with context(config) as server_args:
+            world = World(config, max_running=max_running, server_args=server_args)
             ticks = 0
             while world.steps < steps and ticks < 4 * steps + 100:
                 failed = audit.AUDIT.failed_after_fits
@@ -737,6 +853,63 @@ def run(config: Config, steps: int, max_running: int = 10) -> Result:
 # ------------------------------------------------------------------ the matrix
 
 
+def _family(alg: Any) -> str:
+    return next((f for f in ("dflash", "uno", "ngram") if _is(alg, f)), "eagle")
+
+
+def _draft_class(alg: Any) -> Any:
+    """Before 0.5.15: the draft input class whose prepare_for_decode the batch calls."""
+    home = registry.DRAFT_INPUTS.get(_family(alg))
+    return None if home is None else getattr(_optional(home[0]), home[1], None)
+
+
+def decode_allocates(spec: Spec, order: Order) -> str | None:
+    """Why this release's decode step allocates nothing for ``spec`` in ``order``
+    (its speculative worker does, on a model), or None where it does."""
+    s = sg()
+    if spec.algorithm is None or not s.has.draft_prepares:
+        return None
+    alg = s.SpeculativeAlgorithm.from_string(spec.algorithm)
+    v2 = getattr(s.sb.ScheduleBatch, "is_spec_v2", None)
+    if isinstance(v2, property):  # the release's own test, on what it reads
+        try:
+            on = v2.fget(SimpleNamespace(enable_overlap=order is Order.OVERLAP,
+                                         spec_algorithm=alg))
+        except AssertionError:  # (0.5.11-0.5.12: an algorithm with no spec v2)
+            on = False
+        if not on:
+            return "a spec-v1 batch: the speculative worker allocates its KV"
+    if not hasattr(_draft_class(alg), "prepare_for_decode"):
+        return "no draft input that prepares the decode step"
+    return None
+
+
+def unsupported(config: Config) -> str | None:
+    """Why the release's own settings refuse ``config`` (0.5.11-0.5.12: no decode
+    length for page size > 1 with topk > 1), or None."""
+    if config.spec.algorithm is None:
+        return None
+    with context(config):
+        try:
+            _setting("get_alloc_len_per_decode")()
+        except NotImplementedError as exc:
+            return f"the release refuses it: {exc}"
+    return None
+
+
+def not_listed(quick: bool = False, pools: tuple[Pool, ...] = tuple(Pool)) -> list[str]:
+    """What the matrix leaves out on this release, and why: allocators it has
+    not (or that cannot run here), speculative configurations its decode step
+    does not allocate for, and settings it refuses."""
+    notes = [f"{pool}: {why}" for pool in pools if (why := not_here(pool)) is not None]
+    notes += [f"spec={spec} {order}, on every allocator: {why}" for spec in specs(quick)
+              for order in Order if (why := decode_allocates(spec, order)) is not None]
+    notes += [f"{pool} p={page} spec={spec}: {why}" for pool in pools if not_here(pool) is None
+              for page in (QUICK_PAGES if quick else PAGES)[pool] for spec in specs(quick)
+              if (why := unsupported(Config(pool, page, spec, Order.OVERLAP, False, 0)))]
+    return notes
+
+
 def _spec_info(algorithm: str | None, reqs: list[Any] | None = None) -> Any:
     """The draft input a DFlash or UNO batch carries, sized to ``reqs`` (made by
     the draft model's forward pass upstream; their decode preparation reads
@@ -749,29 +922,50 @@ def _spec_info(algorithm: str | None, reqs: list[Any] | None = None) -> Any:
     n = len(reqs or ())
     lens = torch.tensor([_holder(r, COMMITTED).kv_committed_len for r in reqs or ()],
                         dtype=torch.int64)
-    if _is(alg, "is_dflash_family"):
+    if _is(alg, "dflash"):
         from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
         info = DFlashDraftInputV2.create_idle_input(cpu)
         info.topk_p = torch.zeros((n, 1), dtype=torch.float32)
         info.topk_index = torch.zeros((n, 1), dtype=torch.int64)
         info.hidden_states = torch.zeros((n, 1), dtype=torch.float16)
-    elif _is(alg, "is_uno"):
+    elif _is(alg, "uno"):
         from sglang.srt.speculative.uno_info import UnoDraftInput
 
-        width = max(1, sys.modules[ALLOC_SIZING].get_alloc_len_per_decode())
+        width = max(1, _setting("get_alloc_len_per_decode")())
         info = UnoDraftInput.create_idle_input(device=cpu, forward_width=width)
+    elif sg().has.draft_prepares:  # EAGLE's and NGRAM's: the batch calls its method only
+        return _inert(object.__new__(_draft_class(alg)))
     else:
         return None
     info.bonus_tokens = torch.zeros(n, dtype=torch.int64)
+    if sg().has.draft_prepares:
+        _inert(info)
     info.new_seq_lens = lens
     return info
 
 
+def _no_op(*args: Any, **kwargs: Any) -> None:
+    pass
+
+
+def _inert(info: Any) -> Any:
+    """Before 0.5.15 a retraction's and a finish's filter_batch, and a merge, reach
+    the draft input's own, which slice the draft model's tensors (none here) and
+    no KV: they do nothing here."""
+    info.filter_batch = info.merge_batch = _no_op
+    info.verify_done = None  # (0.5.11-0.5.12: the overlap's verify event, none here)
+    return info
+
+
 def _is(alg: Any, family: str) -> bool:
-    """``alg.is_<family>()``, False in a release that has no such family yet."""
-    test = getattr(alg, family, None)
-    return bool(test()) if test is not None else False
+    """Whether ``alg`` is of ``family`` (registry.SPEC_FAMILIES), by the first of
+    its predicates the release has; False in a release that has none yet."""
+    for name in registry.SPEC_FAMILIES[family]:
+        test = getattr(alg, name, None)
+        if test is not None:
+            return bool(test())
+    return False
 
 
 def specs(quick: bool) -> list[Spec]:
@@ -788,7 +982,7 @@ def specs(quick: bool) -> list[Spec]:
             if quick and topk == 4:
                 continue
             draft = {1: 4, 2: 6, 4: 8}[topk]
-            if any(_is(alg, family) for family in ("is_uno", "is_dflash_family", "is_ngram")):
+            if any(_is(alg, family) for family in ("uno", "dflash", "ngram")):
                 out.append(Spec(name, 1, 1, draft))
             else:
                 out.append(Spec(name, 3, topk, draft))
@@ -806,6 +1000,8 @@ def matrix(quick: bool = False, pools: tuple[Pool, ...] = tuple(Pool), seed: int
            ) -> list[Config]:
     configs = []
     for pool in pools:
+        if not_here(pool) is not None:
+            continue  # (main() says so)
         for page in (QUICK_PAGES if quick else PAGES)[pool]:
             for spec in specs(quick):
                 if pool is Pool.HISPARSE and spec.algorithm is not None:
@@ -814,6 +1010,11 @@ def matrix(quick: bool = False, pools: tuple[Pool, ...] = tuple(Pool), seed: int
                     if quick and spec.algorithm is None and order is Order.OVERLAP \
                             and pool is not Pool.HISPARSE:
                         continue
+                    if decode_allocates(spec, order) is not None:
+                        continue  # not this release's decode step (main() says so)
+                    config = Config(pool, page, spec, order, False, 0)
+                    if unsupported(config) is not None:
+                        continue  # (main() says so)
                     sharing = pool in (Pool.TOKEN, Pool.PAGED, Pool.PURE_SWA)
                     configs.append(Config(pool, page, spec, order, sharing,
                                           seed + len(configs)))
@@ -1021,8 +1222,15 @@ def _main(args: argparse.Namespace, steps: int, version: str, start: float) -> i
     if not configs:  # nothing listed is nothing driven: no all-clear
         print(f"kvest audit: no configuration to drive on SGLang {version}", file=sys.stderr)
         return 2
+    if args.config and decode_allocates(args.config.spec, args.config.order) is not None:
+        print(f"kvest audit: {args.config} is not audited on SGLang {version}: "
+              f"{decode_allocates(args.config.spec, args.config.order)}", file=sys.stderr)
+        return 2
     print(f"kvest audit: SGLang {version}, {len(configs)} configurations, {steps} decode "
           "steps each", file=sys.stderr)
+    if not args.config:
+        for note in not_listed(args.quick, pools):
+            print(f"  not listed: {note}", file=sys.stderr)
     results = []
     for i, config in enumerate(configs, 1):
         result = run(config, steps, args.max_running)

@@ -677,6 +677,24 @@ def files() -> tuple[str, ...]:
 # what the KV pools then hand out; read from 0.5.23's own classes)
 
 ALLOCATOR_BASE = "sglang.srt.mem_cache.allocator.base"
+# SpeculativeAlgorithm's predicates for the families the audit command's driver
+# treats apart, newest first (is_dflash_family, with DSPARK: 0.5.17+; is_uno: 0.5.20+)
+SPEC_FAMILIES: Mapping[str, tuple[str, ...]] = {
+    "dflash": ("is_dflash_family", "is_dflash"), "uno": ("is_uno",), "ngram": ("is_ngram",)}
+# The speculative decode preparation (0.5.15+): the batch calls it; before, the
+# batch calls its draft input's own prepare_for_decode, the class by family
+# (a spec-v2 batch only, as the release's ScheduleBatch.is_spec_v2 says, where it
+# has one; the others' KV is allocated by the speculative worker, on a model).
+SPEC_PREPARE = ("sglang.srt.speculative.spec_utils", "spec_prepare_for_decode")
+DRAFT_INPUTS: Mapping[str, tuple[str, str]] = {
+    "eagle": ("sglang.srt.speculative.eagle_info", "EagleDraftInput"),
+    "ngram": ("sglang.srt.speculative.ngram_info", "NgramVerifyInput"),
+    "dflash": ("sglang.srt.speculative.dflash_info_v2", "DFlashDraftInputV2")}
+# The request-to-token writer (a Triton kernel; the audit command's driver stands
+# it in): its homes, newest first (before 0.5.16 the speculative utilities').
+ASSIGN = "assign_req_to_token_pool_func"
+ASSIGN_HOMES = (ALLOCATION, "sglang.srt.speculative.spec_utils",
+                "sglang.srt.speculative.triton_ops.cache_locs")
 
 
 class Attach(NamedTuple):
@@ -711,6 +729,19 @@ POOLS = (Attach(("sglang.srt.mem_cache.allocator.token", "sglang.srt.mem_cache.a
                 "TokenToKVPoolAllocator", ""),
          Attach(("sglang.srt.mem_cache.allocator.paged", "sglang.srt.mem_cache.allocator"),
                 "PagedTokenToKVPoolAllocator", ""))
+
+
+# The audit command's allocators, each in the first of its homes (newest first:
+# one module, sglang.srt.mem_cache.allocator, before the package of 0.5.13; SWA's
+# and HiSparse's beside their KV pools before that; pure SWA from 0.5.15).
+DRIVEN_ALLOCATORS: Mapping[str, tuple[str, ...]] = {
+    "TokenToKVPoolAllocator": POOLS[0].modules,
+    "PagedTokenToKVPoolAllocator": POOLS[1].modules,
+    "SWATokenToKVPoolAllocator": ("sglang.srt.mem_cache.allocator.swa",
+                                  "sglang.srt.mem_cache.swa_memory_pool"),
+    "PureSWATokenToKVPoolAllocator": ("sglang.srt.mem_cache.allocator.swa",),
+    "HiSparseTokenToKVPoolAllocator": ("sglang.srt.mem_cache.allocator.hisparse",
+                                       "sglang.srt.mem_cache.hisparse_memory_pool")}
 
 
 class Composite(NamedTuple):
@@ -770,7 +801,16 @@ KNOWN_FINDINGS = (
         "the pages handed out",
         (("bookkeeping gap", "PagedTokenToKVPoolAllocator"),
          ("bookkeeping gap", "SWATokenToKVPoolAllocator.full_attn_allocator")),
-        ("paged", "swa"), ("0.5.15", "0.5.18"), "0.5.19",
+        ("paged", "swa"), ("0.5.14", "0.5.18"), "0.5.19",
         "SGLang #35265 (0.5.19 page-aligns the DFLASH family's reserve as EAGLE's since 0.5.16)",
         ("DFLASH", "DSPARK"), 2),
+    KnownFinding(
+        "spec-tail-stranded",
+        "the speculative decode's nxt not rounded up to a page: kv_allocated_len records up to "
+        "page - 1 tokens short of the pages handed out",
+        (("bookkeeping gap", "PagedTokenToKVPoolAllocator"),
+         ("bookkeeping gap", "SWATokenToKVPoolAllocator.full_attn_allocator")),
+        ("paged", "swa"), ("0.5.13", "0.5.15"), "0.5.16",
+        "SGLang #31616 (0.5.16 page-aligns nxt in page_aligned_decode_alloc_lens)",
+        ("EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM"), 2),
 )
