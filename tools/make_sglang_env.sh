@@ -15,7 +15,10 @@
 #   3. the stand-in `torchvision` (tools/sglang_cpu/torchvision_standin.py) copied into
 #      site-packages and activated by a .pth file, so every interpreter of the venv
 #      (including processes SGLang spawns) gets it before anything imports torchvision;
-#   4. a smoke test: import schedule_batch, print the time it took.
+#   4. a smoke test: import schedule_batch, print the time it took;
+#   5. with RELEASES, each release's wheel on top of this one base (torch and the
+#      pins once): `pip install --no-deps --target DEST/releases/V sglang==V`, so that
+#      `PYTHONPATH=DEST/releases/V DEST/bin/python ...` runs release V's own modules.
 #
 # Environment / arguments:
 #   REQUIREMENTS_FILE (3rd arg) or SGLANG_CPU_REQS   another requirements file to use
@@ -25,9 +28,10 @@
 #   FORCE=1             replace DEST if it exists (otherwise refuse)
 #   ALLOW_NON_CPU_TORCH=1  skip the check that pip would pick a +cpu torch wheel
 #   SKIP_SMOKE=1        skip the final import test
+#   RELEASES=V1,V2,...  the releases of step 5 (they import on the older pins: 0.5.11-0.5.22)
 set -euo pipefail
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 log() { printf '[make_sglang_env %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
@@ -142,6 +146,13 @@ assert torch.version.cuda is None, "torch is a CUDA build"
 print(f"sglang {sglang.__version__}  torch {torch.__version__}  python {sys.version.split()[0]}  "
       f"import schedule_batch: {dt:.1f} s")
 EOF
+fi
+# --- 5. other releases on this base ------------------------------------------------------
+if [[ -n ${RELEASES:-} ]]; then
+    for release in ${RELEASES//,/ }; do
+        log "5/5 sglang==$release -> $DEST/releases/$release (--no-deps)"
+        pip_ install --quiet --no-deps --target "$DEST/releases/$release" "sglang==$release"
+    done
 fi
 build_s=$((SECONDS - t0))
 size=$(du -sh "$DEST" | cut -f1)

@@ -591,6 +591,7 @@ class World:
             req.output_ids.append(self.rng.randrange(1, 30000))
             if self.coordinator is not None:
                 self.coordinator.alloc_device_buffer(req)  # the direct admission path
+        _sampled(batch)
         self._finish(batch)
         if batch.is_empty():
             return
@@ -652,9 +653,7 @@ class World:
         pending = self.pending
         self.pending = None
         self.steps += 1  # driven: a step that raises was driven too (and compared)
-        # the forward pass's sampled tokens, which the step reads before 0.5.13
-        batch.output_ids = s.torch.tensor([r.output_ids[-1] for r in batch.reqs],
-                                          dtype=s.torch.int64)
+        _sampled(batch)
         batch.prepare_for_decode()
         if self.config.order is Order.OVERLAP:
             if pending is not None:
@@ -709,6 +708,13 @@ class World:
     def tick(self) -> None:
         self.admit()
         self.decode()
+
+
+def _sampled(batch: Any) -> None:
+    """The forward pass's sampled tokens on the batch, as the scheduler's result
+    processing leaves them (the decode step and merges read them before 0.5.13)."""
+    torch = sg().torch
+    batch.output_ids = torch.tensor([r.output_ids[-1] for r in batch.reqs], dtype=torch.int64)
 
 
 def _holder(req: Any, length: str) -> Any:
@@ -811,7 +817,7 @@ def run(config: Config, steps: int, max_running: int = 10) -> Result:
         with context(config) as server_args:
             world = World(config, max_running=max_running, server_args=server_args)
             ticks = 0
-            while world.steps < steps and ticks < 4 * steps + 100:
+            while world.steps < steps and ticks < 10 * steps + 100:
                 failed = audit.AUDIT.failed_after_fits
                 try:
                     world.tick()  # (a tick admits, decodes, or both)

@@ -810,7 +810,7 @@ KNOWN_FINDINGS = (
         "page - 1 tokens short of the pages handed out",
         (("bookkeeping gap", "PagedTokenToKVPoolAllocator"),
          ("bookkeeping gap", "SWATokenToKVPoolAllocator.full_attn_allocator")),
-        ("paged", "swa"), ("0.5.13", "0.5.15"), "0.5.16",
+        ("paged", "swa"), ("0.5.11", "0.5.15"), "0.5.16",
         "SGLang #31616 (0.5.16 page-aligns nxt in page_aligned_decode_alloc_lens)",
         ("EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM"), 2),
 )
