@@ -257,7 +257,9 @@ def test_hisparse_extra_device_page_is_an_undercount_in_that_pool(audited, caplo
     assert len(warnings) == 1
     assert "hisparse_attn_allocator" in warnings[0] and "page_size': 16" in warnings[0]
     assert "seq_lens before the step [32, 40]" in warnings[0]
-    assert report["first"]["undercount"] == warnings[0].split("first undercount: ", 1)[1]
+    # (and, where sglang is installed, whether kvest knows it)
+    said = warnings[0].split("first undercount: ", 1)[1].split("; known: ", 1)[0]
+    assert report["first"]["undercount"] == said
 
 
 def test_a_refused_request_counts_as_asked_and_a_raising_step_still_audits(audited):
@@ -760,3 +762,18 @@ def test_before_the_capacity_check_the_wrappers_pass_calls_through(audited_old):
         batch.check_decode_mem([0], "extra")
     assert OldScheduleBatch.check_decode_mem.__wrapped__.__qualname__ == \
         "OldScheduleBatch.check_decode_mem"
+
+
+@pytest.mark.parametrize("version, known", [("0.5.23", True), ("0.5.12", False)])
+def test_the_first_warning_says_when_kvest_knows_the_finding(audited, caplog, monkeypatch,
+                                                            version, known):
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(__version__=version))
+    batch = ScheduleBatch([Req(32)], HiSparseTokenToKVPoolAllocator(4096, 16),
+                          extra_device_pages=2)
+    with caplog.at_level(logging.WARNING, logger="kvest.sglang"):
+        step(batch)
+    (warning,) = [r.getMessage() for r in caplog.records if "first undercount" in r.getMessage()]
+    assert ("known: hisparse-device-buffer-padding (" in warning) is known
+    names = [k.name for k in audit.known_for(version)]
+    assert ("hisparse-device-buffer-padding" in names) is known
+    assert ("spec-tail-stranded" in names) is not known  # 0.5.11-0.5.15

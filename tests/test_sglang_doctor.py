@@ -26,6 +26,14 @@ def test_doctor_reports_and_passes(capsys):
     # flat or nested, as the installed release reads
     assert "new_tokens_required_next_decode: replaced (decode_count/" in out
     assert out.rstrip().endswith("300 batches, 0 mismatches")
+    # what the KV audit knows of this release, from the registry
+    from kvest.sglang import audit
+
+    known = audit.known_for(INSTALLED.version)
+    assert (f"known findings of the KV audit in sglang {INSTALLED.version}: "
+            f"{len(known) or 'none'}") in out
+    for k in known:
+        assert f"  {k.name}: {k.text} (" in out and k.reference in out
 
 
 @pytest.mark.parametrize(("env", "says", "state"), [

@@ -43,6 +43,7 @@ import enum
 import inspect
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -50,7 +51,7 @@ import weakref
 from typing import Any, NamedTuple
 
 from kvest.sglang import registry
-from kvest.sglang.registry import ALLOCATED, COMMITTED, COMPOSITES, KV_INFO, Attach
+from kvest.sglang.registry import ALLOCATED, COMMITTED, COMPOSITES, KV_INFO, Attach, KnownFinding
 
 __all__ = ["LENGTHS_BUDGET_NS", "MAX_EVERY", "Finding", "Kind", "install", "installed",
            "recorded_growth", "report", "reset", "uninstall"]
@@ -669,6 +670,57 @@ def _unaligned(before: list[int], after: list[int], page: int) -> str:
     return ""
 
 
+def release(version: str) -> tuple[int, ...]:
+    """A release's leading numbers ("0.5.23.post1" -> (0, 5, 23))."""
+    parts = []
+    for part in version.split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        parts.append(int(digits[0]))
+        if digits[0] != part:
+            break
+    return tuple(parts)
+
+
+def known_finding(kind: str, pool: str, family: str, algorithm: str | None, page: int,
+                  version: str) -> KnownFinding | None:
+    """The finding kvest knows (registry.KNOWN_FINDINGS) that ``kind`` in ``pool``
+    is, on an allocator of ``family``, with speculative ``algorithm`` (None:
+    none) at ``page``, on SGLang ``version``; None where it knows none."""
+    at = release(version)
+    for k in registry.KNOWN_FINDINGS:
+        first, last = k.releases
+        if ((kind, pool) in k.shows_as and family in k.allocators
+                and (not k.speculation or algorithm in k.speculation)
+                and page >= k.min_page and release(first) <= at
+                and (last is None or at <= release(last))):
+            return k
+    return None
+
+
+def known_for(version: str) -> list[KnownFinding]:
+    """The findings kvest knows in SGLang ``version``."""
+    at = release(version)
+    return [k for k in registry.KNOWN_FINDINGS if release(k.releases[0]) <= at
+            and (k.releases[1] is None or at <= release(k.releases[1]))]
+
+
+def _known_in(pool: str, kind: Kind, batch: Any) -> str:
+    """", known: NAME (reference)" where this process's finding is one kvest knows."""
+    try:
+        sglang = sys.modules.get("sglang")
+        version = getattr(sglang, "__version__", "")
+        spec = getattr(batch, "spec_algorithm", None)
+        algorithm = None if spec is None or spec.is_none() else spec.name
+        page = getattr(_this_step().allocator, "page_size", 1)
+        family = registry.ALLOCATOR_FAMILIES.get(pool.split(".")[0], "")
+        k = known_finding(kind.value, pool, family, algorithm, page, version)
+    except Exception:
+        return ""
+    return "" if k is None else f"; known: {k.name} ({k.reference})"
+
+
 def _found(kind: Kind, pool: str, batch: Any, what: str) -> None:
     # counted from the audit's last reset: a scheduler's start, a configuration
     # of the audit command
@@ -679,7 +731,7 @@ def _found(kind: Kind, pool: str, batch: Any, what: str) -> None:
     except Exception as exc:
         text = f"{what}; (no reproducer: {type(exc).__name__}: {exc})"
     AUDIT.first[kind] = Finding(kind, pool, text, number)
-    logger.warning("kvest audit: first %s: %s", kind, text)
+    logger.warning("kvest audit: first %s: %s%s", kind, text, _known_in(pool, kind, batch))
 
 
 def _reproducer(batch: Any) -> str:

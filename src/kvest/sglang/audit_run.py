@@ -217,11 +217,7 @@ def _optional(module: str) -> Any:
 
 
 HISPARSE_COORDINATOR = "sglang.srt.managers.hisparse_coordinator"
-ALLOCATOR_CLASSES = {Pool.TOKEN: "TokenToKVPoolAllocator",
-                     Pool.PAGED: "PagedTokenToKVPoolAllocator",
-                     Pool.SWA: "SWATokenToKVPoolAllocator",
-                     Pool.PURE_SWA: "PureSWATokenToKVPoolAllocator",
-                     Pool.HISPARSE: "HiSparseTokenToKVPoolAllocator"}
+ALLOCATOR_CLASSES = {Pool(family): cls for cls, family in registry.ALLOCATOR_FAMILIES.items()}
 
 
 def not_here(pool: Pool) -> str | None:
@@ -1088,19 +1084,6 @@ class KnownPolicy(enum.Enum):
         return self.value
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """A release's leading numbers ("0.5.23.post1" -> (0, 5, 23))."""
-    parts = []
-    for part in version.split("."):
-        digits = re.match(r"\d+", part)
-        if digits is None:
-            break
-        parts.append(int(digits[0]))
-        if digits[0] != part:
-            break
-    return tuple(parts)
-
-
 def found(result: Result) -> list[tuple[str, str]]:
     """What ``result`` found: (kind, pool) for each pool with undercounts or gaps,
     and each kind's first finding (an allocation failure after fits has only that)."""
@@ -1122,16 +1105,8 @@ def found(result: Result) -> list[tuple[str, str]]:
 
 def known(kind: str, pool: str, config: Config, version: str) -> KnownFinding | None:
     """The finding kvest knows that (kind, pool) in ``config`` on ``version`` is, if any."""
-    release = _release(version)
-    for k in registry.KNOWN_FINDINGS:
-        first, last = k.releases
-        if ((kind, pool) in k.shows_as and str(config.pool) in k.allocators
-                and (not k.speculation or config.spec.algorithm in k.speculation)
-                and config.page >= k.min_page
-                and _release(first) <= release
-                and (last is None or release <= _release(last))):
-            return k
-    return None
+    return audit.known_finding(kind, pool, str(config.pool), config.spec.algorithm,
+                               config.page, version)
 
 
 def _known_words(k: KnownFinding) -> str:

@@ -100,6 +100,7 @@ def _check(source: upstream.SourceTree, args: argparse.Namespace) -> int:
     _say(f"sglang {source.version} at {source.root}")
     mode, reason = _switches(args.sglang_root is None)
     _say(f"a scheduler process here: mode {mode} ({reason})")
+    _known_findings(source.version)
     with upstream.standin_tree(source, torch=torch) as tree:
         cls = tree.batch_class
         originals = {name: cls.__dict__[name] for name in
@@ -143,6 +144,18 @@ def _check(source: upstream.SourceTree, args: argparse.Namespace) -> int:
     total = sum(mismatched.values())
     _say(f"{args.batches} batches, {total} mismatches")
     return 1 if total else 0
+
+
+def _known_findings(version: str) -> None:
+    """What the KV audit knows of this release (registry.KNOWN_FINDINGS), as its
+    first WARNING and ``python -m kvest audit`` mark it."""
+    from kvest.sglang.audit import known_for
+
+    known = known_for(version)
+    _say(f"known findings of the KV audit in sglang {version}: {len(known) or 'none'}")
+    for k in known:
+        fixed = f"fixed in {k.fixed_in}" if k.fixed_in else "not fixed in a release"
+        _say(f"  {k.name}: {k.text} ({', '.join(k.allocators)}; {fixed}; {k.reference})")
 
 
 def _fallbacks() -> int:

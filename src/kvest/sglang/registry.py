@@ -731,6 +731,11 @@ POOLS = (Attach(("sglang.srt.mem_cache.allocator.token", "sglang.srt.mem_cache.a
                 "PagedTokenToKVPoolAllocator", ""))
 
 
+# The allocator families known findings and the audit command name, by class
+ALLOCATOR_FAMILIES: Mapping[str, str] = {
+    "TokenToKVPoolAllocator": "token", "PagedTokenToKVPoolAllocator": "paged",
+    "SWATokenToKVPoolAllocator": "swa", "PureSWATokenToKVPoolAllocator": "pure-swa",
+    "HiSparseTokenToKVPoolAllocator": "hisparse"}
 # The audit command's allocators, each in the first of its homes (newest first:
 # one module, sglang.srt.mem_cache.allocator, before the package of 0.5.13; SWA's
 # and HiSparse's beside their KV pools before that; pure SWA from 0.5.15).
