@@ -37,6 +37,7 @@ class Behaviour:
     OTHER_RAISE = 4  # the step raises something else after "fits": a driver error
     STALLS = 5  # fewer steps than asked, nothing raised
     UNDERCOUNT = 6
+    LEAKS = 7  # every step compared, and at the drain a pool short of its size
 
 
 class StandInWorld:
@@ -45,6 +46,14 @@ class StandInWorld:
         self.pool = POOL.get(config.pool, "PagedTokenToKVPoolAllocator")
         self.steps = self.retractions = self.evictions = self.window_frees = 0
         self.prefix_hits = 0
+        self.ledger = ar.Ledger()
+        self.drained = False
+
+    def drain(self):
+        self.drained = True
+        if self.behaviour == Behaviour.LEAKS:
+            self.ledger._note(audit.Kind.NOT_RETURNED, self.pool, 3,
+                              f"3 of 100 slots not back in {self.pool}")
 
     def tick(self):
         b = self.behaviour
@@ -305,3 +314,44 @@ def test_a_known_finding_holds_only_in_its_configurations(spec, page, version, i
 def test_what_the_release_cannot_drive_is_named_not_dropped(command, capsys):
     assert command([config(Behaviour.COMPARED)], notes=["pure-swa: no such allocator"]) == 0
     assert "  not listed: pure-swa: no such allocator" in capsys.readouterr().err
+
+
+def test_a_slot_not_returned_at_the_drain_is_a_finding(command, capsys):
+    assert command([config(Behaviour.LEAKS)]) == 1
+    out = capsys.readouterr().out
+    assert "the frees, in 1 configurations: not returned in PagedTokenToKVPoolAllocator" in out
+    assert "reproducer, first not returned" in out and "3 of 100 slots not back" in out
+    assert "new findings (not among kvest's known ones): not returned in " in out
+
+
+class _Pool:
+    """A pool as the ledger reads it: its free list, and its size."""
+
+    page_size = 1
+
+    def __init__(self, size, free, released=()):
+        import torch
+
+        self.size = size
+        self.free_pages = torch.tensor(free, dtype=torch.int64)
+        self.release_pages = torch.tensor(released, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("free, released, drained, found", [
+    ([1, 2, 3, 4], [], True, {}),  # every slot back
+    ([1, 2, 3], [4], True, {}),  # a lazily released one counts
+    ([1, 2, 2, 4], [], False, {"freed twice in P": 1}),
+    ([1, 2], [2], False, {"freed twice in P": 1}),  # twice across the two lists
+    ([1, 2], [], True, {"not returned in P": 2}),
+    ([1, 2], [], False, {}),  # held slots are no finding before the drain
+])
+def test_the_ledger_reads_the_free_lists(monkeypatch, free, released, drained, found):
+    pytest.importorskip("torch")
+    pool = _Pool(4, free, released)
+    monkeypatch.setattr(ar, "sg", lambda: SimpleNamespace(torch=__import__("torch")))
+    monkeypatch.setattr(audit, "_pools_of", lambda allocator: SimpleNamespace(
+        pools=(("P", pool, True, None),)))
+    ledger = ar.Ledger()
+    ledger.check(SimpleNamespace(allocator=None, steps=9), drained=drained)
+    assert ledger.found == found
+    assert set(ledger.first) == {k.split(" in ")[0] for k in found}

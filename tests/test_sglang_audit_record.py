@@ -112,5 +112,9 @@ def test_quick_drives_every_configuration_it_lists(version):
     assert int(counts[2]) == int(counts[3]), counts[0]
     if not undriven:
         assert int(counts[2]) == n * STEPS and "configurations not driven" not in out, counts[0]
-    # every finding it makes on a release kvest knows is one kvest knows
-    assert "new findings" not in out, out[-3000:]
+    # every finding it makes is one kvest knows, but pure SWA's slot freed twice
+    # (tests/test_sglang_audit_real.py: PURE_SWA_TWICE), where the release has pure SWA
+    new = re.findall(r"^new findings \(not among kvest's known ones\): (.*)$", out, re.M)
+    pure_swa = "not listed: pure-swa" not in done.stderr
+    assert new == (["freed twice in PureSWATokenToKVPoolAllocator.full_attn_allocator"]
+                   if pure_swa else []), out[-3000:]

@@ -69,6 +69,9 @@ class Kind(enum.Enum):
     UNDERCOUNT = "undercount"  # a pool was asked for more than the estimate
     GAP = "bookkeeping gap"  # recorded kv_allocated_len growth != what the pool handed out
     FAILED = "failed after fits"  # the step raised after its check said it fits
+    # the frees (python -m kvest audit's driver, O(pages) a tick: not in a scheduler)
+    FREED_TWICE = "freed twice"  # a slot twice in a pool's free list
+    NOT_RETURNED = "not returned"  # at the drain, a pool short of its size
 
     def __str__(self) -> str:
         return self.value

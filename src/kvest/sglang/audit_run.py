@@ -149,10 +149,12 @@ class Result(NamedTuple):
     outcome: Outcome = Outcome.DRIVEN
     first_steps: Mapping[str, int] = MappingProxyType({})  # kind -> the step it was first in
     first_pools: Mapping[str, str] = MappingProxyType({})  # kind -> the pool it was first in
+    frees: Mapping[str, int] = MappingProxyType({})  # "kind in pool" -> slots
 
     @property
     def bad(self) -> bool:
-        return bool(self.undercounts or self.gaps or self.report.get("failed_after_fits"))
+        return bool(self.undercounts or self.gaps or self.report.get("failed_after_fits")
+                    or self.frees)
 
 
 def undriven(outcome: Outcome, driven: int, asked: int, report: dict[str, Any],
@@ -187,6 +189,7 @@ def sg() -> SimpleNamespace:
     import sglang.srt.mem_cache.common as common
     import sglang.srt.server_args as server_args
     import torch
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -199,7 +202,8 @@ def sg() -> SimpleNamespace:
     return SimpleNamespace(
         version=sglang.__version__, torch=torch, sb=sb, common=common, server_args=server_args,
         paged=paged, Paged=PagedTokenToKVPoolAllocator, Token=TokenToKVPoolAllocator,
-        CacheInitParams=CacheInitParams, ReqToTokenPool=ReqToTokenPool, RadixCache=RadixCache,
+        CacheInitParams=CacheInitParams, EvictParams=EvictParams, ReqToTokenPool=ReqToTokenPool,
+        RadixCache=RadixCache,
         runtime=_optional(registry.RUNTIME_CONTEXT), SamplingParams=SamplingParams,
         SpeculativeAlgorithm=SpeculativeAlgorithm, has=features(
             sb.Req, common, paged, RadixCache, sb.ScheduleBatch,
@@ -508,6 +512,7 @@ class World:
             self.cache = PureSWARadixCache(params)
         else:
             self.cache = s.RadixCache(params)
+        self.ledger = Ledger()
         self.evictions = self.window_frees = self.prefix_hits = 0
         self._count(self.cache, "evict", "evictions")
         self._count(self.cache, "evict_sliding_windows", "window_frees")
@@ -704,6 +709,74 @@ class World:
     def tick(self) -> None:
         self.admit()
         self.decode()
+        self.ledger.check(self)
+
+    def drain(self) -> None:
+        """Every request finished and the tree evicted whole: each pool then holds
+        all its slots (the ledger checks)."""
+        s = sg()
+        batch = self.running
+        for req in list(batch.reqs) if batch is not None else ():
+            if self.coordinator is not None:
+                self.coordinator.request_finished(req)
+            s.common.release_kv_cache(req, self.cache, **{s.has.release_flag: False})
+        if batch is not None:
+            batch.reqs = []
+        self.running = None
+        everything = 1 << 40
+        self.cache.evict(s.EvictParams(num_tokens=everything, swa_num_tokens=everything))
+        self.ledger.check(self, drained=True)
+
+
+class Ledger:
+    """What the pools' free lists say, each tick (no slot twice in one) and at
+    the drain (every slot back): the frees, where the step's audit sees only
+    what is handed out."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[str, str]] = {}  # kind -> (pool, words)
+        self.found: dict[str, int] = {}  # "kind in pool" -> slots
+
+    def _note(self, kind: audit.Kind, pool: str, slots: int, words: str) -> None:
+        key = f"{kind} in {pool}"
+        self.found[key] = max(self.found.get(key, 0), slots)
+        self.first.setdefault(kind.value, (pool, words))
+
+    def check(self, world: World, drained: bool = False) -> None:
+        torch = sg().torch
+        pools = audit._pools_of(world.allocator)
+        if isinstance(pools, str):
+            return
+        for name, pool, _, _ in pools.pools:
+            free = _free_list(pool)
+            if free is None:
+                continue
+            distinct = torch.unique(free)
+            twice = len(free) - len(distinct)
+            if twice:
+                self._note(audit.Kind.FREED_TWICE, name, twice,
+                           f"{twice} slots twice in the free list of {name} after decode step "
+                           f"{world.steps}")
+            if drained:
+                missing = _slots(pool) - len(distinct)
+                if missing:
+                    self._note(audit.Kind.NOT_RETURNED, name, missing,
+                               f"{missing} of {_slots(pool)} slots not back in {name} when "
+                               "every request had finished and the tree was evicted")
+
+
+def _free_list(pool: Any) -> Any:
+    """The pool's free slots (pages of a paged pool), lazily released ones
+    included; None for a pool that keeps none."""
+    free, released = getattr(pool, "free_pages", None), getattr(pool, "release_pages", None)
+    if free is None:
+        return None
+    return free if released is None or not len(released) else sg().torch.cat((free, released))
+
+
+def _slots(pool: Any) -> int:
+    """The slots a pool hands out: its pages (slot 0 is padding, never handed out)."""
+    return pool.size // getattr(pool, "page_size", 1)
 
 
 def _sampled(batch: Any) -> None:
@@ -829,6 +902,8 @@ def run(config: Config, steps: int, max_running: int = 10) -> Result:
             else:
                 if world.steps < steps:
                     outcome = Outcome.SHORT
+            if outcome is Outcome.DRIVEN and audit.Kind.FREED_TWICE.value not in world.ledger.first:
+                world.drain()  # (after a slot freed twice the pool's own counts are off)
     except Exception as exc:  # making the world, or the settings: the driver's
         ended = _where(exc)
         outcome = Outcome.DRIVER_ERROR
@@ -845,11 +920,16 @@ def run(config: Config, steps: int, max_running: int = 10) -> Result:
                  "prefix_hits": getattr(world, "prefix_hits", 0)}
     first_steps = {k.value: f.step for k, f in audit.AUDIT.first.items()}
     first_pools = {k.value: f.pool for k, f in audit.AUDIT.first.items()}
+    findings = dict(report["first"])
+    ledger = getattr(world, "ledger", None) or Ledger()
+    for kind, (pool, words) in ledger.first.items():
+        findings[kind], first_pools[kind] = words, pool
+        first_steps[kind] = driven
     return Result(config, report["steps"], report["undercounts"], overcounts,
                   report["bookkeeping_gaps"], getattr(world, "retractions", 0), exercised,
-                  ended, dict(report["first"]), report,
+                  ended, findings, report,
                   undriven(outcome, driven, steps, report, ended), driven, steps, outcome,
-                  first_steps, first_pools)
+                  first_steps, first_pools, dict(ledger.found))
 
 
 # ------------------------------------------------------------------ the matrix
@@ -1093,6 +1173,9 @@ def found(result: Result) -> list[tuple[str, str]]:
             out.append((audit.Kind.UNDERCOUNT.value, pool))
         if counts.get("bookkeeping_gaps"):
             out.append((audit.Kind.GAP.value, pool))
+    for key in result.frees:  # "kind in pool"
+        kind, pool = key.split(" in ", 1)
+        out.append((kind, pool))
     kinds = set(result.findings)
     if result.report.get("failed_after_fits"):
         kinds.add(audit.Kind.FAILED.value)
@@ -1243,6 +1326,10 @@ def _main(args: argparse.Namespace, steps: int, version: str, start: float) -> i
         by_pool = _pools_found(results, key)
         if by_pool:
             print(f"{what}: " + ", ".join(f"{n} in {pool}" for pool, n in by_pool.items()))
+    frees = [r for r in results if r.frees]
+    if frees:
+        print(f"the frees, in {len(frees)} configurations: " + ", ".join(sorted(
+            {key for r in frees for key in r.frees})))
     marks = {(r.config, kind, pool): known(kind, pool, r.config, version)
              for r in bad for kind, pool in found(r)}
     new = sorted({f"{kind} in {pool}" for (_, kind, pool), k in marks.items() if k is None})
