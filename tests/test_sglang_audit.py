@@ -708,7 +708,13 @@ class OldScheduleBatch(ScheduleBatch):
 
     def check_decode_mem(self, selected_indices=None):
         num_tokens = self.new_tokens_required_next_decode(selected_indices)
+        # (a global of the batch's module, as SGLang's check reads it)
+        sys.modules[registry.BATCH].evict_from_tree_cache(self.tree_cache, num_tokens)
         return self.token_to_kv_pool_allocator.available_size() >= num_tokens
+
+
+def evict_from_tree_cache(tree_cache, num_tokens):
+    pass
 
 
 @pytest.fixture()
@@ -717,6 +723,8 @@ def audited_old(audited, monkeypatch):
     audit.uninstall()
     monkeypatch.delattr(BaseTokenToKVPoolAllocator, "check_decode_capacity")
     monkeypatch.setattr(sys.modules[registry.BATCH], "ScheduleBatch", OldScheduleBatch)
+    monkeypatch.setattr(sys.modules[registry.BATCH], "evict_from_tree_cache",
+                        evict_from_tree_cache, raising=False)
     assert audit.install(every=1) == []
     assert audit.installed()
     yield audit
@@ -729,6 +737,7 @@ def test_before_the_capacity_check_the_step_pairs_with_check_decode_mems_estimat
     batch = OldScheduleBatch([Req(32), Req(40)], HiSparseTokenToKVPoolAllocator(4096, 16),
                              extra_device_pages=2)
     batch.new_tokens_required_next_decode()  # outside the check: no estimate recorded
+    sys.modules[registry.BATCH].evict_from_tree_cache(None, 1)
     batch.prepare_for_decode()
     assert audit.report()["unpaired"] == 1 and audit.report()["steps"] == 0
     assert step(batch)

@@ -32,6 +32,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 from sglang_releases import real_sglang_missing
@@ -429,14 +430,21 @@ def before_capacity_check(monkeypatch):
     cls = sb.ScheduleBatch
     audit.uninstall()
     own = cls.__dict__["check_decode_mem"]
-    edited = _edited(own, *OLD_CHECK)
-    edited.__globals__.setdefault("evict_from_tree_cache", ar.sg().common.evict_from_tree_cache)
-    monkeypatch.setattr(cls, "check_decode_mem", edited)
+    # the old releases import evict_from_tree_cache into the batch's module
+    monkeypatch.setattr(sb, "evict_from_tree_cache", ar.sg().common.evict_from_tree_cache,
+                        raising=False)
+    monkeypatch.setattr(cls, "check_decode_mem", _in_module(_edited(own, *OLD_CHECK)))
     monkeypatch.delattr(BaseTokenToKVPoolAllocator, "check_decode_capacity")
     yield cls, own
     audit.uninstall()
     ar.sg.cache_clear()
     ar.sg()
+
+
+def _in_module(fn):
+    """``fn`` reading the batch module's globals (as its own code there would)."""
+    return types.FunctionType(fn.__code__, sb.__dict__, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
 
 
 def test_before_the_capacity_check_the_step_pairs_with_check_decode_mem(
@@ -448,7 +456,7 @@ def test_before_the_capacity_check_the_step_pairs_with_check_decode_mem(
     assert result.undercounts == result.gaps == 0 and result.retractions > 0
     # and an undercount in the estimate the edited check decided on is caught
     cls, _ = before_capacity_check
-    fn = cls.__dict__["new_tokens_required_next_decode"].__kvest_audit__
+    fn = cls.__dict__["new_tokens_required_next_decode"]
     audit.uninstall()
     monkeypatch.setattr(cls, fn.__name__, _edited(
         fn, "r.kv.kv_committed_len % page_size == 0", "r.kv.kv_committed_len % page_size == 1"))
@@ -462,12 +470,11 @@ def test_a_check_whose_estimate_the_audit_cannot_see_is_unpaired_exit_2(
     """The other direction: a check_decode_mem that computes its estimate
     without new_tokens_required_next_decode pairs no step."""
     cls, own = before_capacity_check
-    inline = _edited(own, *OLD_CHECK,
-                     "num_tokens = self.new_tokens_required_next_decode(selected_indices)",
-                     "num_tokens = type(self).__dict__["
-                     "'new_tokens_required_next_decode'].__wrapped__(self, selected_indices)")
-    inline.__globals__.setdefault("evict_from_tree_cache", ar.sg().common.evict_from_tree_cache)
-    monkeypatch.setattr(cls, "check_decode_mem", inline)
+    bypass = ("__import__('sglang.srt.mem_cache.common', fromlist=['_'])"
+              ".evict_from_tree_cache(self.tree_cache, num_tokens)\n")
+    inline = _edited(own, OLD_CHECK[0], OLD_CHECK[1].replace(
+        "evict_from_tree_cache(self.tree_cache, num_tokens)\n", bypass, 1))
+    monkeypatch.setattr(cls, "check_decode_mem", _in_module(inline))
     status, out, _ = _main(capsys)
     assert status == 2 and "No undercount" not in out, out
 
@@ -489,8 +496,7 @@ def test_without_its_attach_point_the_command_exits_2(monkeypatch, capsys, missi
                 ar.sg.cache_clear()
             else:
                 patch.delattr(BaseTokenToKVPoolAllocator, "check_decode_capacity")
-                patch.setattr(registry, "DECODE_ESTIMATE",
-                              registry.DECODE_ESTIMATE._replace(attr="no_such_estimate"))
+                patch.setattr(registry, "DECODE_EVICT", (registry.BATCH, "no_such_eviction"))
             status, out, err = _main(capsys)
     finally:
         ar.sg.cache_clear()

@@ -48,6 +48,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from kvest.sglang import registry
@@ -152,7 +153,7 @@ class _Step:
         # it counted, its answer)
         self.check: tuple[Any, Any, Any, Any] | None = None
         # before check_decode_capacity: inside check_decode_mem, and the estimate
-        # new_tokens_required_next_decode last returned there
+        # it passed to evict_from_tree_cache
         self.checking = False
         self.estimate: Any = _NO_ESTIMATE
         self.every = _FIXED_EVERY or 1  # read the lengths every this many steps
@@ -399,8 +400,8 @@ def _capacity(original: Any) -> Any:
 
 def _decode_check(original: Any) -> Any:
     """Before check_decode_capacity: check_decode_mem, recorded as the capacity
-    check is, with the estimate new_tokens_required_next_decode returned inside
-    it and the allocator it compared that with."""
+    check is, with the estimate it passed to evict_from_tree_cache and the
+    allocator it compared that with."""
     sig = _signature(original)
 
     def check_decode_mem(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -429,18 +430,24 @@ def _decode_check(original: Any) -> Any:
     return _mark(check_decode_mem, original)
 
 
-def _decode_estimate(original: Any) -> Any:
-    def new_tokens_required_next_decode(self: Any, *args: Any, **kwargs: Any) -> Any:
-        estimate = original(self, *args, **kwargs)
+def _decode_evict(original: Any) -> Any:
+    """The batch module's evict_from_tree_cache: inside check_decode_mem, its
+    num_tokens is the estimate the check decided on."""
+    sig = _signature(original)
+
+    def evict_from_tree_cache(*args: Any, **kwargs: Any) -> Any:
         try:
             step = _LOCAL.step
         except AttributeError:
             step = _new_step()
         if step.checking:
-            step.estimate = estimate
-        return estimate
+            try:
+                step.estimate = _argument(sig, "num_tokens", args, kwargs)
+            except Exception:
+                step.estimate = _NO_ESTIMATE  # a call the audit cannot read: unpaired
+        return original(*args, **kwargs)
 
-    return _mark(new_tokens_required_next_decode, original)
+    return _mark(evict_from_tree_cache, original)
 
 
 def _decode_step(original: Any) -> Any:
@@ -786,7 +793,8 @@ def _find(attach: Attach) -> tuple[type, Any] | None:
     return None
 
 
-def _wrap(cls: type, attr: str, make: Any) -> bool:
+def _wrap(cls: Any, attr: str, make: Any) -> bool:
+    """Wrap ``cls.attr`` (a class's function, or a module's)."""
     fn = vars(cls).get(attr)
     if not inspect.isfunction(fn):
         # absent, or a static/class method or other descriptor: a plain function
@@ -817,16 +825,17 @@ def install(every: int | None = None) -> list[str]:
                                                 _capacity)
         if not estimated:
             # (0.5.11-0.5.18) the estimate check_decode_mem itself decided on
-            check, estimate = _find(registry.DECODE_CHECK), _find(registry.DECODE_ESTIMATE)
-            estimated = (check is not None and estimate is not None
-                         and inspect.isfunction(check[1]) and inspect.isfunction(estimate[1])
-                         and _wrap(estimate[0], registry.DECODE_ESTIMATE.attr,
-                                   _decode_estimate)
+            check = _find(registry.DECODE_CHECK)
+            home, name = registry.DECODE_EVICT
+            module = sys.modules.get(home)
+            estimated = (check is not None and module is not None
+                         and inspect.isfunction(check[1])
+                         and _wrap(module, name, _decode_evict)
                          and _wrap(check[0], registry.DECODE_CHECK.attr, _decode_check))
         if not estimated:
             missing.append(f"{registry.CAPACITY_CHECK.cls}.{registry.CAPACITY_CHECK.attr} "
                            f"or {registry.DECODE_CHECK.cls}.{registry.DECODE_CHECK.attr} with "
-                           f"{registry.DECODE_ESTIMATE.attr} (the decode check's estimate): "
+                           f"{registry.DECODE_EVICT[1]} (the decode check's estimate): "
                            "not in this release")
         found = _find(registry.DECODE_STEP)
         if found is None or not _wrap(found[0], registry.DECODE_STEP.attr, _decode_step):
@@ -849,6 +858,25 @@ def install(every: int | None = None) -> list[str]:
 
 def installed() -> bool:
     return bool(getattr(AUDIT, "installed", False))
+
+
+@contextlib.contextmanager
+def kept() -> Iterator[None]:
+    """The audit's installation as it is now, put back after: what was wrapped
+    inside is unwrapped (a stand-in tree's classes vanish with the tree)."""
+    with AUDIT.lock:
+        before = set(_WRAPPED)
+        was, missing = installed(), list(getattr(AUDIT, "missing", []))
+    try:
+        yield
+    finally:
+        with AUDIT.lock:
+            for cls, attr in [k for k in _WRAPPED if k not in before]:
+                fn = _WRAPPED.pop((cls, attr))
+                if getattr(vars(cls).get(attr), "__kvest_audit__", None) is fn:
+                    setattr(cls, attr, fn)
+            _POOLS_CACHE.clear()
+            AUDIT.installed, AUDIT.missing = was, missing
 
 
 def uninstall() -> None:

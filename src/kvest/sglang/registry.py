@@ -712,11 +712,12 @@ class Attach(NamedTuple):
 CAPACITY_CHECK = Attach((ALLOCATOR_BASE,), "BaseTokenToKVPoolAllocator",
                         "check_decode_capacity")
 # Before it (0.5.11-0.5.18): check_decode_mem takes the estimate from
-# new_tokens_required_next_decode(selected_indices) and compares it with the
-# allocator's available_size() itself: the estimate it decided on is the one that
-# function returned inside it.
+# new_tokens_required_next_decode(selected_indices), hands it to the batch module's
+# evict_from_tree_cache(tree_cache, num_tokens) and compares it with the
+# allocator's available_size() itself: the estimate it decided on is what it
+# passed there (the estimate function itself is a hot spot kvest may replace).
 DECODE_CHECK = Attach((BATCH,), "ScheduleBatch", "check_decode_mem")
-DECODE_ESTIMATE = Attach((BATCH,), "ScheduleBatch", "new_tokens_required_next_decode")
+DECODE_EVICT = (BATCH, "evict_from_tree_cache")  # a global of the batch's module
 # The decode step's allocation: alloc_for_decode without speculation, the
 # speculative algorithm's own preparation with it (spec_prepare_for_decode ->
 # eagle_prepare_for_decode, DFlash's and UNO's prepare_for_decode), all inside it.

@@ -506,11 +506,14 @@ def standin_tree(source: SourceTree, *, torch: Any = None, plugins: bool = False
              if name == "sglang" or name.startswith("sglang.")}
     for name in saved:
         del sys.modules[name]
+    from kvest.sglang.audit import kept
+
     try:
         sys.modules.update(standins.modules)
         if plugins:
             _load_plugin_framework(standins)
-        yield standins
+        with kept():  # (the plugin may audit the stand-in classes: not after them)
+            yield standins
     finally:
         for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
             del sys.modules[name]
