@@ -698,15 +698,10 @@ def known_finding(kind: str, pool: str, family: str, algorithm: str | None, page
     """The finding kvest knows (registry.KNOWN_FINDINGS) that ``kind`` in ``pool``
     is, on an allocator of ``family``, with speculative ``algorithm`` (None:
     none) at ``page``, on SGLang ``version``; None where it knows none."""
-    at = release(version)
-    for k in registry.KNOWN_FINDINGS:
-        first, last = k.releases
-        if ((kind, pool) in k.shows_as and family in k.allocators
-                and (not k.speculation or algorithm in k.speculation)
-                and page >= k.min_page and release(first) <= at
-                and (last is None or at <= release(last))):
-            return k
-    return None
+    return next((k for k in known_for(version)
+                 if (kind, pool) in k.shows_as and family in k.allocators
+                 and (not k.speculation or algorithm in k.speculation)
+                 and page >= k.min_page), None)
 
 
 def known_for(version: str) -> list[KnownFinding]:

@@ -40,7 +40,7 @@ import time
 import traceback
 from array import array
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType, SimpleNamespace
 from typing import Any, NamedTuple
 
@@ -988,17 +988,6 @@ def unsupported(config: Config) -> str | None:
     return None
 
 
-def not_listed(quick: bool = False, pools: tuple[Pool, ...] = tuple(Pool)) -> list[str]:
-    """What the matrix leaves out on this release, and why: allocators it has
-    not (or that cannot run here), speculative configurations its decode step
-    does not allocate for, and settings it refuses."""
-    notes = [f"{pool}: {why}" for pool in pools if (why := not_here(pool)) is not None]
-    notes += [f"spec={spec} {order}, on every allocator: {why}" for spec in specs(quick)
-              for order in Order if (why := decode_allocates(spec, order)) is not None]
-    notes += [f"{pool} p={page} spec={spec}: {why}" for pool in pools if not_here(pool) is None
-              for page in (QUICK_PAGES if quick else PAGES)[pool] for spec in specs(quick)
-              if (why := unsupported(Config(pool, page, spec, Order.OVERLAP, False, 0)))]
-    return notes
 
 
 def _spec_info(algorithm: str | None, reqs: list[Any] | None = None) -> Any:
@@ -1087,12 +1076,10 @@ QUICK_PAGES = {Pool.TOKEN: (1,), Pool.PAGED: (16, 7), Pool.SWA: (16,), Pool.PURE
                Pool.HISPARSE: (16, 7)}
 
 
-def matrix(quick: bool = False, pools: tuple[Pool, ...] = tuple(Pool), seed: int = 0
-           ) -> list[Config]:
-    configs = []
+def _candidates(quick: bool, pools: tuple[Pool, ...]) -> Iterator[tuple[Pool, int, Spec, Order]]:
+    """Every (allocator, page size, speculation, order) the matrix drives where
+    a release has it."""
     for pool in pools:
-        if not_here(pool) is not None:
-            continue  # (main() says so)
         for page in (QUICK_PAGES if quick else PAGES)[pool]:
             for spec in specs(quick):
                 if pool is Pool.HISPARSE and spec.algorithm is not None:
@@ -1101,15 +1088,37 @@ def matrix(quick: bool = False, pools: tuple[Pool, ...] = tuple(Pool), seed: int
                     if quick and spec.algorithm is None and order is Order.OVERLAP \
                             and pool is not Pool.HISPARSE:
                         continue
-                    if decode_allocates(spec, order) is not None:
-                        continue  # not this release's decode step (main() says so)
-                    config = Config(pool, page, spec, order, False, 0)
-                    if unsupported(config) is not None:
-                        continue  # (main() says so)
-                    sharing = pool in (Pool.TOKEN, Pool.PAGED, Pool.PURE_SWA)
-                    configs.append(Config(pool, page, spec, order, sharing,
-                                          seed + len(configs)))
+                    yield pool, page, spec, order
+
+
+def _left_out(pool: Pool, page: int, spec: Spec, order: Order) -> str | None:
+    """Why this release cannot be driven through the configuration, in the words
+    main() prints under ``not listed:``; None where it can."""
+    if (why := not_here(pool)) is not None:
+        return f"{pool}: {why}"
+    if (why := decode_allocates(spec, order)) is not None:
+        return f"spec={spec} {order}, on every allocator: {why}"
+    if (why := unsupported(Config(pool, page, spec, order, False, 0))) is not None:
+        return f"{pool} p={page} spec={spec}: {why}"
+    return None
+
+
+def matrix(quick: bool = False, pools: tuple[Pool, ...] = tuple(Pool), seed: int = 0
+           ) -> list[Config]:
+    configs = []
+    for pool, page, spec, order in _candidates(quick, pools):
+        if _left_out(pool, page, spec, order) is None:  # (else not_listed() names it)
+            sharing = pool in (Pool.TOKEN, Pool.PAGED, Pool.PURE_SWA)
+            configs.append(Config(pool, page, spec, order, sharing, seed + len(configs)))
     return configs
+
+
+def not_listed(quick: bool = False, pools: tuple[Pool, ...] = tuple(Pool)) -> list[str]:
+    """What the matrix leaves out on this release, and why: allocators it has
+    not (or that cannot run here), speculative configurations its decode step
+    does not allocate for, and settings it refuses."""
+    return list(dict.fromkeys(why for candidate in _candidates(quick, pools)
+                              if (why := _left_out(*candidate)) is not None))
 
 
 COLUMNS = (  # the table's columns, and what each means (printed under it)
@@ -1295,9 +1304,9 @@ def _main(args: argparse.Namespace, steps: int, version: str, start: float) -> i
     if not configs:  # nothing listed is nothing driven: no all-clear
         print(f"kvest audit: no configuration to drive on SGLang {version}", file=sys.stderr)
         return 2
-    if args.config and decode_allocates(args.config.spec, args.config.order) is not None:
-        print(f"kvest audit: {args.config} is not audited on SGLang {version}: "
-              f"{decode_allocates(args.config.spec, args.config.order)}", file=sys.stderr)
+    if args.config and (why := decode_allocates(args.config.spec, args.config.order)):
+        print(f"kvest audit: {args.config} is not audited on SGLang {version}: {why}",
+              file=sys.stderr)
         return 2
     print(f"kvest audit: SGLang {version}, {len(configs)} configurations, {steps} decode "
           "steps each", file=sys.stderr)
